@@ -1,0 +1,112 @@
+"""A bad checkpoint gives one clear line naming the problem, never a deep traceback."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from dflash.qwen3 import CheckpointError, Qwen3
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def copy_of(name, tmp_path) -> Path:
+    folder = tmp_path / name
+    shutil.copytree(FIXTURES / name, folder)
+    (folder / "reference.safetensors").unlink()
+    return folder
+
+
+def edit_config(folder: Path, **changes) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    config.update(changes)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def expect_error(folder: Path, *fragments: str) -> str:
+    with pytest.raises(CheckpointError) as caught:
+        Qwen3.from_pretrained(folder)
+    message = str(caught.value)
+    assert "\n" not in message
+    for fragment in fragments:
+        assert fragment in message, message
+    return message
+
+
+def test_missing_shard(tmp_path):
+    folder = copy_of("qwen3-tiny-sharded", tmp_path)
+    (folder / "model-00002-of-00003.safetensors").unlink()
+    expect_error(folder, "model-00002-of-00003.safetensors", "missing")
+
+
+def test_tensor_of_the_wrong_shape(tmp_path):
+    folder = copy_of("qwen3-tiny", tmp_path)
+    tensors = load_file(folder / "model.safetensors")
+    tensors["model.layers.1.mlp.up_proj.weight"] = torch.zeros(3, 64)
+    save_file(tensors, folder / "model.safetensors")
+    expect_error(folder, "model.layers.1.mlp.up_proj.weight", "(3, 64)", "(160, 64)")
+
+
+def test_unknown_tensor(tmp_path):
+    folder = copy_of("qwen3-tiny", tmp_path)
+    tensors = load_file(folder / "model.safetensors")
+    tensors["model.layers.0.self_attn.rotary.weight"] = torch.zeros(2)
+    save_file(tensors, folder / "model.safetensors")
+    expect_error(folder, "unexpected tensor", "model.layers.0.self_attn.rotary.weight")
+
+
+def test_missing_tensor(tmp_path):
+    folder = copy_of("qwen3-tiny", tmp_path)
+    tensors = load_file(folder / "model.safetensors")
+    del tensors["model.norm.weight"]
+    save_file(tensors, folder / "model.safetensors")
+    expect_error(folder, "missing tensor", "model.norm.weight")
+
+
+def test_untied_checkpoint_needs_its_lm_head(tmp_path):
+    folder = copy_of("qwen3-tiny", tmp_path)
+    edit_config(folder, tie_word_embeddings=False)
+    expect_error(folder, "missing tensor", "lm_head.weight")
+
+
+@pytest.mark.parametrize("field, value", [
+    ("rope_scaling", {"rope_type": "yarn", "factor": 4.0}),
+    ("use_sliding_window", True),
+    ("model_type", "llama"),
+    ("layer_types", ["sliding_attention"] * 4),
+    ("hidden_act", "gelu"),
+])
+def test_unsupported_config_field_is_named(tmp_path, field, value):
+    folder = copy_of("qwen3-tiny", tmp_path)
+    edit_config(folder, **{field: value})
+    expect_error(folder, field)
+
+
+def test_config_that_is_not_json(tmp_path):
+    folder = copy_of("qwen3-tiny", tmp_path)
+    (folder / "config.json").write_text("{not json")
+    expect_error(folder, "config.json", "not valid JSON")
+
+
+def test_missing_folder_and_missing_weights(tmp_path):
+    expect_error(tmp_path / "nowhere", "not a checkpoint folder")
+    folder = copy_of("qwen3-tiny", tmp_path)
+    (folder / "model.safetensors").unlink()
+    expect_error(folder, "no model.safetensors")
+
+
+def test_corrupt_safetensors_file(tmp_path):
+    folder = copy_of("qwen3-tiny", tmp_path)
+    (folder / "model.safetensors").write_bytes(b"\x00" * 64)
+    expect_error(folder, "model.safetensors", "not a readable safetensors file")
+
+
+def test_pickle_files_are_never_read(tmp_path):
+    """Only safetensors count: a pytorch_model.bin beside them is ignored, not unpickled."""
+    folder = copy_of("qwen3-tiny", tmp_path)
+    (folder / "model.safetensors").unlink()
+    torch.save({"boom": torch.zeros(1)}, folder / "pytorch_model.bin")
+    expect_error(folder, "no model.safetensors")
