@@ -1,0 +1,86 @@
+"""Benchmark: peak memory while loading a large bf16 checkpoint, relative to its size on disk.
+
+    python -m dflash.bench_load --hidden 2048 --layers 16
+
+Writes a synthetic Qwen3 checkpoint in the official layout (random bf16 weights,
+optionally sharded) into a temporary folder, then loads it in a fresh process with
+`Qwen3.from_pretrained(..., dtype=torch.bfloat16)` and reports the growth of that
+process's peak resident memory (after importing torch, and after reading every
+weight once so that memory-mapped pages count) divided by the bytes of the
+safetensors files. Building on the `meta` device and assigning each tensor as it
+is read is what keeps the ratio near 1: the model never exists twice.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from dflash.qwen3 import Qwen3, Qwen3Config, official_names
+
+MEASURE = r"""
+import sys, torch
+from dflash.qwen3 import Qwen3
+def peak_rss():  # VmHWM: this process's high-water mark (ru_maxrss would include the parent's)
+    line = next(l for l in open("/proc/self/status") if l.startswith("VmHWM"))
+    return int(line.split()[1]) * 1024
+before = peak_rss()
+model = Qwen3.from_pretrained(sys.argv[1], dtype=torch.bfloat16)
+touched = sum(float(p.sum()) for p in model.parameters())  # fault in every page, as a forward would
+peak = peak_rss()
+print(before, peak, sum(p.numel() * p.element_size() for p in model.parameters()))
+"""
+
+
+def write_synthetic_checkpoint(folder: Path, config: Qwen3Config, shards: int) -> int:
+    """Random bf16 tensors in the official names, split across `shards` files; returns bytes written."""
+    from safetensors.torch import save_file
+
+    with torch.device("meta"):
+        names = official_names(Qwen3(config))
+        shapes = {official: Qwen3(config).get_parameter(ours).shape for official, ours in names.items()}
+    order = list(shapes)
+    per_shard = -(-len(order) // shards)  # ceiling division
+    weight_map, total = {}, 0
+    for index in range(shards):
+        file = f"model-{index + 1:05d}-of-{shards:05d}.safetensors" if shards > 1 else "model.safetensors"
+        tensors = {name: torch.randn(shapes[name]).to(torch.bfloat16) * 0.02
+                   for name in order[index * per_shard:(index + 1) * per_shard]}
+        save_file(tensors, folder / file, metadata={"format": "pt"})
+        weight_map.update({name: file for name in tensors})
+        total += (folder / file).stat().st_size
+        del tensors
+    if shards > 1:
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    (folder / "config.json").write_text(json.dumps({**config.to_dict(), "dtype": "bfloat16"}))
+    return total
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hidden", type=int, default=2048)
+    parser.add_argument("--layers", type=int, default=16)
+    parser.add_argument("--vocab", type=int, default=32768)
+    parser.add_argument("--shards", type=int, default=1)
+    args = parser.parse_args()
+    config = Qwen3Config(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=3 * args.hidden,
+                         num_hidden_layers=args.layers, num_attention_heads=16, num_key_value_heads=8,
+                         head_dim=128, tie_word_embeddings=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        on_disk = write_synthetic_checkpoint(Path(tmp), config, args.shards)
+        result = subprocess.run([sys.executable, "-c", MEASURE, tmp], capture_output=True, text=True, check=True)
+    before, peak, in_model = map(int, result.stdout.split())
+    growth = peak - before
+    print(f"checkpoint on disk: {on_disk / 2**30:.2f} GiB in {args.shards} file(s), bf16")
+    print(f"model in memory:    {in_model / 2**30:.2f} GiB")
+    print(f"peak RSS growth:    {growth / 2**30:.2f} GiB  ->  {growth / on_disk:.2f}x the size on disk")
+
+
+if __name__ == "__main__":
+    main()
