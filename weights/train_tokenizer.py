@@ -1,0 +1,146 @@
+"""Train the demo model's tokenizer: a byte-level BPE learned from the corpus's train part.
+
+Qwen3 uses a byte-level BPE with 151,646 tokens. Ours is the same kind of object,
+trained the same way, only 37x smaller (4,096 tokens by default): a tiny model
+cannot afford a huge embedding table, and a 9 MB corpus could not fill one anyway.
+
+"Byte-level" means the text is first turned into bytes and each byte into one of
+256 printable stand-in characters (the `ByteLevel.alphabet()`), so every string,
+in any language or encoding, has a tokenization: nothing is ever "unknown", and
+decoding gives back exactly the input. BPE then merges the most frequent adjacent
+pair again and again, until the vocabulary is full.
+
+Two special tokens come first, with fixed ids:
+  <|endoftext|>  id 0  ends every file in the corpus; generation stops on it
+  <|mask|>       id 1  the placeholder DFlash's drafter fills in
+
+Outputs (in `--out`, default `weights/tiny-qwen3/`, the demo target's folder):
+  tokenizer.json          the tokenizer, loadable with `tokenizers.Tokenizer.from_file`
+  tokenizer_config.json   the special tokens, as in a Hugging Face checkpoint folder
+  generation_config.json  the end-of-text id generation stops on; greedy decoding
+
+Usage:  python weights/train_tokenizer.py [--vocab-size 4096]
+Then:   python weights/tokenize_corpus.py   (the corpus as token ids)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+HERE = Path(__file__).parent
+END_OF_TEXT, MASK = "<|endoftext|>", "<|mask|>"
+SPECIAL_TOKENS = [END_OF_TEXT, MASK]  # their order gives their ids: 0 and 1
+
+
+def read_documents(text_file: Path) -> list[str]:
+    """The corpus files, cut apart at `<|endoftext|>` (which `build_corpus.py` put after each)."""
+    text = text_file.read_text(encoding="utf-8")
+    return [doc.removeprefix("\n") for doc in text.split(END_OF_TEXT) if doc.strip()]
+
+
+def new_tokenizer() -> Tokenizer:
+    """An empty byte-level BPE: bytes -> stand-in characters -> merges, and back.
+
+    `add_prefix_space=False` keeps the text exactly as written (GPT-2's habit of
+    inserting a space before the first word would break the round trip).
+    """
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    return tokenizer
+
+
+def train(tokenizer: Tokenizer, documents: list[str], vocab_size: int) -> None:
+    """Learn the merges from the documents themselves.
+
+    We pass the files one by one rather than the joined text, so the end-of-text
+    marker never takes part in the pair counts: it is added as a special token,
+    matched whole before BPE ever sees the text.
+    """
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,  # a pair seen once is noise, not a pattern
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes, seen or not
+        show_progress=True,
+    )
+    tokenizer.train_from_iterator(documents, trainer=trainer, length=len(documents))
+
+
+def check_special_ids(tokenizer: Tokenizer) -> None:
+    """The rest of the project relies on these ids; stop loudly if they moved."""
+    for expected, token in enumerate(SPECIAL_TOKENS):
+        actual = tokenizer.token_to_id(token)
+        if actual != expected:
+            raise SystemExit(f"{token} got id {actual}, expected {expected}")
+
+
+def write_folder_configs(folder: Path, tokenizer: Tokenizer) -> None:
+    """The two small JSON files that sit next to `tokenizer.json` in a Qwen3 checkpoint folder."""
+    eos = tokenizer.token_to_id(END_OF_TEXT)
+    tokenizer_config = {
+        "eos_token": END_OF_TEXT,
+        "pad_token": END_OF_TEXT,
+        "mask_token": MASK,
+        "model_max_length": 1024,
+        "tokenizer_class": "PreTrainedTokenizerFast",
+    }
+    generation_config = {"eos_token_id": eos, "pad_token_id": eos, "do_sample": False}
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
+    (folder / "generation_config.json").write_text(json.dumps(generation_config, indent=2) + "\n")
+
+
+def check_round_trip(tokenizer: Tokenizer, documents: list[str], count: int) -> None:
+    """decode(encode(x)) must give x back exactly, end-of-text marker included."""
+    for doc in documents[:count]:
+        text = doc + END_OF_TEXT
+        ids = tokenizer.encode(text).ids
+        if tokenizer.decode(ids, skip_special_tokens=False) != text:
+            raise SystemExit("round trip failed on a held-out file")
+        if ids.count(tokenizer.token_to_id(END_OF_TEXT)) != 1:
+            raise SystemExit("the end-of-text marker was not encoded as its one special token")
+    print(f"round trip: exact on {min(count, len(documents))} held-out files")
+
+
+def tokens_per_byte(tokenizer: Tokenizer, documents: list[str]) -> float:
+    """How many tokens an average byte of unseen code costs (lower = better compression)."""
+    tokens = sum(len(e.ids) for e in tokenizer.encode_batch(documents))
+    return tokens / sum(len(doc.encode("utf-8")) for doc in documents)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--vocab-size", type=int, default=4096, help="tokens in the vocabulary, specials included")
+    parser.add_argument("--corpus", type=Path, default=HERE / "work" / "corpus",
+                        help="folder with train.txt and heldout.txt")
+    parser.add_argument("--out", type=Path, default=HERE / "tiny-qwen3",
+                        help="folder for tokenizer.json and the two configs")
+    parser.add_argument("--check-files", type=int, default=5, help="held-out files to round-trip")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
+    start = time.perf_counter()
+    train_docs = read_documents(args.corpus / "train.txt")
+    heldout_docs = read_documents(args.corpus / "heldout.txt")
+    tokenizer = new_tokenizer()
+    train(tokenizer, train_docs, args.vocab_size)
+    check_special_ids(tokenizer)
+    args.out.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(args.out / "tokenizer.json"))
+    write_folder_configs(args.out, tokenizer)
+    print(f"trained {tokenizer.get_vocab_size()} tokens on {len(train_docs)} files "
+          f"in {time.perf_counter() - start:.1f} s -> {args.out / 'tokenizer.json'}")
+    check_round_trip(tokenizer, heldout_docs, args.check_files)
+    print(f"held-out: {tokens_per_byte(tokenizer, heldout_docs):.3f} tokens per byte")
+
+
+if __name__ == "__main__":
+    main()
