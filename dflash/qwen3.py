@@ -511,6 +511,7 @@ def write_atomically(target: Path, write) -> None:
     os.close(handle)
     try:
         write(tmp)
+        os.chmod(tmp, 0o644)  # mkstemp makes owner-only files; checkpoints are meant to be shared
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):

@@ -1,0 +1,62 @@
+"""Step 4 of the demo pair: code openings to prompt the target with.
+
+    python weights/make_prompts.py --seed 0
+
+Two JSONL files of `{"prompt": ...}` records, each prompt a piece of real code
+that stops right after a `def` line, where the model has a function body to write:
+- `weights/work/train_prompts.jsonl` from the *training* files: the target's own
+  continuations of these become the drafter's training data;
+- `weights/heldout_prompts.jsonl` from the *held-out* files (shipped): the default
+  prompt set of `python -m dflash.bench` for the demo pair, never seen in training.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
+
+def openings(text: str, context_lines: int) -> list[str]:
+    """Every snippet of up to `context_lines` lines that ends with a `def ...:` line."""
+    lines = text.splitlines(keepends=True)
+    found = []
+    for index, line in enumerate(lines):
+        if line.lstrip().startswith("def ") and line.rstrip().endswith(":"):
+            found.append("".join(lines[max(0, index + 1 - context_lines):index + 1]))
+    return found
+
+
+def sample_prompts(files: list[Path], count: int, context_lines: int, rng: random.Random) -> list[str]:
+    candidates = [snippet for f in files for snippet in openings(f.read_text(errors="replace"), context_lines)]
+    rng.shuffle(candidates)
+    return candidates[:count]
+
+
+def write_jsonl(path: Path, prompts: list[str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    print(f"{path}: {len(prompts)} prompts")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--split", type=Path, default=HERE / "work" / "corpus" / "split.json")
+    parser.add_argument("--train-count", type=int, default=2000)
+    parser.add_argument("--heldout-count", type=int, default=24)
+    parser.add_argument("--context-lines", type=int, default=12)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    split = json.loads(args.split.read_text())
+    root, rng = Path(split["stdlib"]), random.Random(args.seed)
+    write_jsonl(HERE / "work" / "train_prompts.jsonl",
+                sample_prompts([root / f for f in split["train"]], args.train_count, args.context_lines, rng))
+    write_jsonl(HERE / "heldout_prompts.jsonl",
+                sample_prompts([root / f for f in split["heldout"]], args.heldout_count, args.context_lines, rng))
+
+
+if __name__ == "__main__":
+    main()
