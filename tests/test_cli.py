@@ -1,0 +1,96 @@
+"""generate.py as a user runs it: JSON output, --compare, and one clear line for every bad input."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+TARGET, DRAFTER = FIXTURES / "qwen3-tiny-sharded", FIXTURES / "dflash-tiny"
+REFERENCE = load_file(TARGET / "reference.safetensors")
+PROMPT_IDS = ",".join(map(str, REFERENCE["greedy_prompt"][0].tolist()))
+EXPECTED = REFERENCE["greedy_output"][0, 9:].tolist()  # 40 greedy new tokens
+PAIR = ["--model", str(TARGET), "--draft", str(DRAFTER)]
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, str(ROOT / "generate.py"), *args], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=120)
+
+
+def test_json_output_is_the_greedy_reference():
+    done = run("--prompt-ids", PROMPT_IDS, *PAIR, "--max-new-tokens", "40", "--json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["output_ids"] == EXPECTED
+    assert report["new_tokens"] == 40 and report["steps"] == len(report["acceptance_lengths"])
+    assert report["mean_acceptance"] == sum(report["acceptance_lengths"]) / report["steps"]
+    assert report["tokens_per_second"] > 0 and report["text"] == ""
+
+
+def test_compare_reports_both_loops_and_the_speedup():
+    done = run("--prompt-ids", PROMPT_IDS, *PAIR, "--max-new-tokens", "16", "--compare", "--json",
+               "--block-size", "4")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert report["output_ids"] == report["baseline_output_ids"] == EXPECTED[:16]
+    assert report["speedup"] > 0 and report["baseline_tokens_per_second"] > 0
+
+
+def test_plain_text_run_prints_a_summary():
+    done = run("--prompt-ids", PROMPT_IDS, *PAIR, "--max-new-tokens", "8", "--no-draft")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [str(token) for token in EXPECTED[:8]]  # no tokenizer: the ids
+    assert "8 new tokens" in done.stderr
+
+
+BAD_INPUTS = {
+    "missing model": ["--model", "no/such/folder", "--draft", str(DRAFTER), "--prompt-ids", "1"],
+    "missing default model": ["--prompt-ids", "1"],
+    "drafter that does not fit": ["--model", str(FIXTURES / "qwen3-tiny"), "--draft", str(DRAFTER),
+                                  "--prompt-ids", "1"],
+    "too long": [*PAIR, "--prompt-ids", "1", "--max-new-tokens", "5000"],
+    "empty prompt": [*PAIR, "--prompt-ids", ""],
+    "no prompt": [*PAIR],
+    "zero new tokens": [*PAIR, "--prompt-ids", "1", "--max-new-tokens", "0"],
+    "negative temperature": [*PAIR, "--prompt-ids", "1", "--temperature", "-0.5"],
+    "block too big": [*PAIR, "--prompt-ids", "1", "--block-size", "9"],
+    "block too small": [*PAIR, "--prompt-ids", "1", "--block-size", "1"],
+    "unknown device": [*PAIR, "--prompt-ids", "1", "--device", "tpu"],
+    "ids not integers": [*PAIR, "--prompt-ids", "1,two,3"],
+    "id outside vocabulary": [*PAIR, "--prompt-ids", "1,600"],
+    "text without tokenizer": [*PAIR, "--prompt", "hello"],
+    "not a number": [*PAIR, "--prompt-ids", "1", "--max-new-tokens", "many"],
+}
+
+
+def main_in_process(argv, capsys) -> tuple[int, str]:
+    """Run generate.main here (a subprocess per case would spend its time importing torch)."""
+    import generate
+
+    try:
+        code = generate.main(argv)
+    except SystemExit as exit:  # argparse's own errors
+        code = exit.code
+    return code, capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_bad_input_is_one_error_line_and_exit_2(case, capsys):
+    code, stderr = main_in_process(BAD_INPUTS[case], capsys)
+    assert code == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+
+
+@pytest.mark.parametrize("case", ["missing default model", "unknown device"])
+def test_bad_input_in_a_real_process_has_no_traceback(case):
+    done = run(*BAD_INPUTS[case])
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("error: ") and len(done.stderr.strip().splitlines()) == 1, done.stderr

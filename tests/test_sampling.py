@@ -1,0 +1,114 @@
+"""Sampling with DFlash draws from exactly the target's distribution, as plain sampling does.
+
+A tiny target (8-token vocabulary) lets us compute the exact joint distribution of
+its first three sampled tokens. A drafter that guesses the greedy continuation gets
+many drafts accepted, so the accept-or-replace rule is really exercised. A
+chi-square test at fixed seeds compares thousands of samples with the exact law;
+deterministic, so it cannot flake, and a control shows it would notice a wrong law.
+"""
+
+import itertools
+
+import pytest
+import torch
+
+from dflash.qwen3 import Qwen3, Qwen3Config
+from generate import Steps, generate_autoregressive, generate_dflash
+from tests.test_generate import random_drafter
+
+torch.set_num_threads(1)
+VOCAB, PROMPT, SAMPLES, TEMPERATURE, BLOCK = 8, [1, 5, 2, 6], 1200, 1.0, 4
+
+
+@pytest.fixture(scope="module")
+def target():
+    torch.manual_seed(0)
+    config = Qwen3Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    model = Qwen3(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4)  # peaked distributions: some continuations are likely, many are rare
+    return model
+
+
+@torch.no_grad()
+def next_token_probabilities(target, prefixes, temperature):
+    """p(next | PROMPT + prefix) for each prefix: (len(prefixes), VOCAB), in float64."""
+    ids = torch.tensor([PROMPT + list(prefix) for prefix in prefixes])  # (prefixes, len): all one length
+    return torch.softmax(target(ids)[:, -1].double() / temperature, dim=-1)
+
+
+def exact_joint(target, temperature):
+    """P(t1, t2, t3) of the first three sampled tokens: (VOCAB, VOCAB, VOCAB)."""
+    p1 = next_token_probabilities(target, [()], temperature)[0]  # (V,)
+    p2 = next_token_probabilities(target, [(a,) for a in range(VOCAB)], temperature)  # (V, V)
+    pairs = list(itertools.product(range(VOCAB), repeat=2))
+    p3 = next_token_probabilities(target, pairs, temperature).view(VOCAB, VOCAB, VOCAB)  # (V, V, V)
+    return p1[:, None, None] * p2[:, :, None] * p3
+
+
+def chi_square_p_value(counts: torch.Tensor, probabilities: torch.Tensor) -> float:
+    """Pearson's test of counts against probabilities; cells expecting < 5 are pooled into one."""
+    expected = probabilities.flatten() * counts.sum()
+    counts = counts.flatten().double()
+    small = expected < 5
+    expected = torch.cat([expected[~small], expected[small].sum()[None]])
+    observed = torch.cat([counts[~small], counts[small].sum()[None]])
+    statistic = ((observed - expected) ** 2 / expected).sum()
+    degrees = len(expected) - 1
+    return torch.special.gammaincc(torch.tensor(degrees / 2.0), statistic / 2).item()
+
+
+def greedy_oracle(steps, target):
+    """Make `steps` draft the greedy continuation of what was committed so far."""
+    real_draft, committed, greedy = steps.draft, [], {}
+    for length in (1, 2):  # the greedy next token after every possible 1- and 2-token start
+        prefixes = list(itertools.product(range(VOCAB), repeat=length))
+        best = next_token_probabilities(target, prefixes, 1.0).argmax(dim=-1).tolist()
+        greedy.update(zip(prefixes, best))
+
+    def draft(context_features, context_start, last_token, start):
+        real_draft(context_features, context_start, last_token, start)
+        guess = tuple(committed)
+        for _ in range(BLOCK - 1):
+            guess += (greedy.get(guess, 0),)
+        return torch.tensor(guess[len(committed):])
+
+    steps.draft = draft
+    return committed
+
+
+def sample_counts(generate, samples=SAMPLES):
+    counts = torch.zeros(VOCAB, VOCAB, VOCAB, dtype=torch.long)
+    for _ in range(samples):
+        first_three = generate()
+        counts[tuple(first_three)] += 1
+    return counts
+
+
+def test_plain_sampling_follows_the_target(target):
+    generator = torch.Generator().manual_seed(1)
+    steps = Steps(target, max_length=len(PROMPT) + 4)
+    counts = sample_counts(lambda: generate_autoregressive(
+        target, PROMPT, 3, temperature=TEMPERATURE, generator=generator, steps=steps).new_ids, SAMPLES // 2)
+    assert chi_square_p_value(counts, exact_joint(target, TEMPERATURE)) > 1e-3
+
+
+def test_dflash_sampling_follows_the_target(target):
+    drafter = random_drafter(target, block_size=BLOCK, num_layers=1)
+    generator = torch.Generator().manual_seed(2)
+    steps = Steps(target, drafter, max_length=len(PROMPT) + 3 + BLOCK)
+    committed = greedy_oracle(steps, target)
+    lengths = []
+
+    def generate():
+        committed.clear()
+        result = generate_dflash(target, drafter, PROMPT, 3, temperature=TEMPERATURE, generator=generator,
+                                 steps=steps, on_token=lambda token, drafted: committed.append(token))
+        lengths.extend(result.acceptance_lengths)
+        return result.new_ids
+
+    counts = sample_counts(generate)
+    assert sum(lengths) / len(lengths) > 1.3  # drafts were accepted often: the rule was exercised
+    assert chi_square_p_value(counts, exact_joint(target, TEMPERATURE)) > 1e-3
+    assert chi_square_p_value(counts, exact_joint(target, 1.25 * TEMPERATURE)) < 1e-3  # and it has power
