@@ -295,7 +295,10 @@ def causal_mask(positions: torch.Tensor, num_keys: int, key_padding: torch.Tenso
     key_positions = torch.arange(num_keys, device=positions.device)
     mask = key_positions[None, :] <= positions[:, None]  # (seq, keys)
     if key_padding is not None:
-        mask = mask[None, None] & key_padding[:, None, None, :]  # (batch, 1, seq, keys)
+        itself = key_positions[None, :] == positions[:, None]  # (seq, keys)
+        # A padding query would otherwise see no key at all: a fully masked row, which
+        # some attention kernels turn into NaN. Letting it see itself keeps it finite.
+        mask = (mask[None, None] & key_padding[:, None, None, :]) | itself  # (batch, 1, seq, keys)
     return mask
 
 

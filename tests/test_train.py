@@ -1,0 +1,373 @@
+"""Fast tests of train.py: the mask, the labels, the loss weights, the anchors, the known traps,
+train/inference consistency, the chat template, resumability and the CLI's errors."""
+
+import json
+import math
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import generate
+import train
+from dflash.drafter import Drafter, DrafterConfig
+from dflash.qwen3 import Qwen3, Qwen3Config
+from dflash.tokenizer import load_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+FIXTURES = ROOT / "tests" / "fixtures"
+TINY = FIXTURES / "qwen3-tiny"
+
+
+# ----------------------------------------------------------------- mask and labels
+
+
+def test_mask_pinned_on_a_hand_worked_case():
+    """S=6 context, anchors [1, 3], B=3: keys are [context 0..5 ; block 0 ; block 1]."""
+    mask = train.block_attention_mask(torch.tensor([[1, 3]]), context_length=6, block_size=3)
+    #            context 0..5        block 0   block 1
+    expected = [[1, 0, 0, 0, 0, 0,   1, 1, 1,  0, 0, 0],  # block 0 (a=1): only c=0 < 1
+                [1, 0, 0, 0, 0, 0,   1, 1, 1,  0, 0, 0],
+                [1, 0, 0, 0, 0, 0,   1, 1, 1,  0, 0, 0],
+                [1, 1, 1, 0, 0, 0,   0, 0, 0,  1, 1, 1],  # block 1 (a=3): c=0,1,2 < 3
+                [1, 1, 1, 0, 0, 0,   0, 0, 0,  1, 1, 1],
+                [1, 1, 1, 0, 0, 0,   0, 0, 0,  1, 1, 1]]
+    assert mask.shape == (1, 1, 6, 12)
+    assert mask[0, 0].tolist() == [[bool(v) for v in row] for row in expected]
+
+
+def test_labels_same_position_no_shift_and_ignored_slots():
+    ids = torch.tensor([[10, 11, 12, 13, 14, 15]])
+    loss_mask = torch.tensor([[0, 0, 1, 1, 1, 0]])
+    anchors, real = torch.tensor([[1, 3, 0]]), torch.tensor([[True, True, False]])
+    labels = train.block_labels(ids, loss_mask, anchors, real, block_size=3).view(3, 3)
+    assert labels.tolist() == [[-100, 12, 13],  # positions 1,2,3: slot k is x_{a+k}
+                               [-100, 14, -100],  # position 5 is outside the loss mask
+                               [-100, -100, -100]]  # a padding block
+
+
+def test_labels_past_the_end_are_ignored():
+    ids, loss_mask = torch.tensor([[10, 11, 12, 13, 14, 15]]), torch.tensor([[0, 0, 1, 1, 1, 1]])
+    labels = train.block_labels(ids, loss_mask, torch.tensor([[4]]), torch.tensor([[True]]), block_size=3)
+    assert labels.tolist() == [[-100, 15, -100]]  # position 6 does not exist
+
+
+def test_block_inputs_and_positions():
+    ids = torch.tensor([[10, 11, 12, 13, 14, 15]])
+    anchors = torch.tensor([[1, 3]])
+    assert train.block_input_ids(ids, anchors, 3, mask_token_id=99).tolist() == [[11, 99, 99, 13, 99, 99]]
+    assert train.block_positions(anchors, 3).tolist() == [[1, 2, 3, 3, 4, 5]]
+
+
+def test_decay_weights_for_block_16():
+    weights = train.slot_weights(16, train.gamma_for_block_size(16))
+    assert weights[0] == 0  # slot 0 is the known token
+    assert weights[1] == pytest.approx(1.0)
+    assert weights[2] == pytest.approx(math.exp(-1 / 7))
+    assert weights[15] == pytest.approx(math.exp(-2))
+    assert torch.all(weights[2:] < weights[1:-1])
+
+
+def test_gamma_per_block_size():
+    assert [train.gamma_for_block_size(b) for b in (8, 10, 16)] == [4.0, 5.0, 7.0]
+    assert 5.0 < train.gamma_for_block_size(12) < 7.0
+
+
+def test_tau_estimate():
+    correct, counted = torch.tensor([0.0, 5, 5, 0]), torch.tensor([0.0, 10, 10, 10])
+    assert train.estimated_tau(correct, counted) == pytest.approx(1 + 0.5 + 0.25 + 0)
+
+
+# -------------------------------------------------------------------------- anchors
+
+
+def test_anchors_valid_distinct_bounded_and_fresh():
+    loss_mask = torch.tensor([0, 0, 0, 1, 1, 1, 0, 1, 1, 1, 1, 0])
+    valid = set(train.valid_anchor_positions(loss_mask).tolist())
+    assert valid == {2, 3, 4, 6, 7, 8, 9}  # a+1 is a response token inside the sequence
+    generator = torch.Generator().manual_seed(0)
+    draws = [train.sample_anchors(loss_mask, 4, generator).tolist() for _ in range(2000)]
+    for anchors in draws:
+        assert len(anchors) == 4 and len(set(anchors)) == 4 and set(anchors) <= valid
+        assert anchors == sorted(anchors)
+    assert len({tuple(a) for a in draws}) > 20  # fresh each step
+    counts = Counter(a for anchors in draws for a in anchors)
+    expected = 2000 * 4 / len(valid)
+    assert all(abs(counts[a] - expected) < 0.1 * expected for a in valid)  # uniform-ish
+    assert sorted(train.sample_anchors(loss_mask, 100, generator).tolist()) == sorted(valid)  # capped by what exists
+
+
+def test_batch_anchors_pad_short_rows():
+    loss_mask = torch.tensor([[0, 1, 1, 1, 1, 1], [0, 0, 0, 0, 1, 0]])
+    anchors, real = train.batch_anchors(loss_mask, 3, torch.Generator().manual_seed(0))
+    assert anchors.shape == real.shape == (2, 3)
+    assert real.tolist() == [[True] * 3, [True, False, False]]
+    assert anchors[1, 0] == 3
+
+
+# ----------------------------------------------------------- the traps, by behaviour
+
+
+def tiny_drafter(block_size=4, seed=0) -> Drafter:
+    layers = Qwen3Config(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    drafter = Drafter(DrafterConfig(layers, block_size, num_target_layers=4, mask_token_id=49,
+                                    target_layer_ids=[1, 2]))
+    train.init_drafter(drafter, seed)
+    return drafter.eval()
+
+
+def draft_all_blocks(drafter, features, embeddings, anchors):
+    block = drafter.config.block_size
+    mask = train.block_attention_mask(anchors, features.shape[1], block)
+    return drafter(features, embeddings, torch.arange(features.shape[1]), train.block_positions(anchors, block), mask)
+
+
+@pytest.fixture
+def traps_setup():
+    torch.manual_seed(0)
+    drafter = tiny_drafter()
+    features = torch.randn(1, 12, 64)
+    embeddings = torch.randn(1, 8, 32)  # two blocks of 4
+    anchors = torch.tensor([[5, 9]])
+    return drafter, features, embeddings, anchors
+
+
+def changed(before, after, rows):
+    return not torch.allclose(before[0, rows], after[0, rows], atol=1e-6)
+
+
+@torch.no_grad()
+def test_trap_context_is_strictly_before_the_anchor(traps_setup):
+    """With <= instead of <, block 0 would see the target's feature of x_5 itself."""
+    drafter, features, embeddings, anchors = traps_setup
+    base = draft_all_blocks(drafter, features, embeddings, anchors)
+    at_anchor = features.clone()
+    at_anchor[0, 5] += 1.0
+    assert not changed(base, draft_all_blocks(drafter, at_anchor, embeddings, anchors), slice(0, 4))
+    before_anchor = features.clone()
+    before_anchor[0, 4] += 1.0
+    assert changed(base, draft_all_blocks(drafter, before_anchor, embeddings, anchors), slice(0, 4))
+
+
+@torch.no_grad()
+def test_trap_block_is_bidirectional_and_blocks_are_isolated(traps_setup):
+    drafter, features, embeddings, anchors = traps_setup
+    base = draft_all_blocks(drafter, features, embeddings, anchors)
+    last_slot = embeddings.clone()
+    last_slot[0, 3] += 1.0  # the last slot of block 0
+    after = draft_all_blocks(drafter, features, last_slot, anchors)
+    assert changed(base, after, slice(0, 1))  # a causal mask would hide slot 3 from slot 0
+    assert not changed(base, after, slice(4, 8))  # block 1 never sees block 0
+
+
+def test_trap_labels_not_shifted_and_slot_zero_unscored():
+    ids = torch.arange(100, 120)[None]
+    loss_mask = torch.ones_like(ids)
+    anchors = torch.tensor([[3, 10]])
+    labels = train.block_labels(ids, loss_mask, anchors, torch.ones_like(anchors, dtype=torch.bool), 4).view(2, 4)
+    assert labels[:, 0].tolist() == [-100, -100]  # slot 0 scored would teach copying the input
+    assert labels[0, 1:].tolist() == [104, 105, 106]  # shifted by one would be 105, 106, 107
+    assert labels[1, 1:].tolist() == [111, 112, 113]
+
+
+@torch.no_grad()
+def test_training_forward_matches_the_inference_draft():
+    """Each block of the one-forward training pass computes what generate.py's cached draft computes."""
+    torch.manual_seed(1)
+    drafter = tiny_drafter(block_size=4)
+    features, embeddings = torch.randn(1, 12, 64), torch.randn(1, 8, 32)
+    anchors = torch.tensor([[5, 9]])
+    together = draft_all_blocks(drafter, features, embeddings, anchors)
+    for j, a in enumerate(anchors[0].tolist()):
+        cache = drafter.new_cache(16)
+        alone = drafter(features[:, :a], embeddings[:, 4 * j:4 * j + 4], torch.arange(a), torch.arange(a, a + 4),
+                        cache=cache, num_keys=a + 4)
+        torch.testing.assert_close(together[:, 4 * j:4 * j + 4], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_loss_ignores_unscored_slots_and_reports_per_slot_counts():
+    target = train.freeze(Qwen3.from_pretrained(TINY))
+    cfg = train.TrainConfig(drafter_layers=1, block_size=4)
+    config = train.build_drafter_config(cfg, target.config, None)
+    drafter = Drafter(config)
+    train.init_drafter(drafter, 0)
+    ids = torch.randint(0, 500, (1, 16), generator=torch.Generator().manual_seed(0))
+    loss_mask = torch.tensor([[0] * 8 + [1] * 8])
+    anchors, real = torch.tensor([[7, 13]]), torch.tensor([[True, True]])
+    weights = train.slot_weights(4, 2.0)
+    loss, correct, counted = train.drafter_loss(target, drafter, ids, loss_mask, anchors, real, config, weights)
+    assert counted.tolist() == [0, 2, 2, 1]  # slot 0 never; 13+3 = 16 is past the end
+    loss.backward()
+    assert all(p.grad is not None for p in drafter.parameters())
+    assert all(p.grad is None for p in target.parameters())
+
+
+# --------------------------------------------------------------- the chat template
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return load_tokenizer(FIXTURES / "qwen3-tokenizer")
+
+
+@pytest.mark.parametrize("thinking", [False, True])
+def test_data_prompts_match_the_inference_cli(tokenizer, thinking):
+    question = "What is a KV cache?"
+    args = SimpleNamespace(prompt=question, prompt_ids=None, chat=True, thinking=thinking, model=FIXTURES)
+    cli_ids = generate.encode_prompt(args, tokenizer)
+    record = {"messages": [{"role": "user", "content": question}]}
+    assert train.record_prompt_ids(record, tokenizer, thinking, "test") == cli_ids
+    with_answer = {"messages": record["messages"] + [{"role": "assistant", "content": "The dataset's answer."}]}
+    assert train.record_prompt_ids(with_answer, tokenizer, thinking, "test") == cli_ids  # the target answers
+
+
+def test_thinking_mode_changes_the_prompt(tokenizer):
+    record = {"messages": [{"role": "user", "content": "hi"}]}
+    assert train.record_prompt_ids(record, tokenizer, False, "t") != train.record_prompt_ids(record, tokenizer, True, "t")
+
+
+def test_plain_text_and_ids_prompts(tmp_path, tokenizer):
+    txt = tmp_path / "p.txt"
+    txt.write_text("hello world\n\nsecond\n")
+    assert train.read_prompts(txt, tokenizer) == [tokenizer.encode("hello world"), tokenizer.encode("second")]
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text('{"prompt_ids": [1, 2]}\n{"text": "hello world"}\n{"prompt": "second"}\n')
+    assert train.read_prompts(jsonl, tokenizer) == [[1, 2], tokenizer.encode("hello world"), tokenizer.encode("second")]
+
+
+# ------------------------------------------------------------------ data generation
+
+
+def write_prompts(path: Path, count: int, seed: int, length: int = 6) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(0, 512, (length + i % 3,), generator=generator).tolist() for i in range(count)]
+    path.write_text("".join(json.dumps({"prompt_ids": p}) + "\n" for p in prompts))
+    return prompts
+
+
+def test_generate_data_batched_equals_one_by_one_and_resumes(tmp_path):
+    prompts = write_prompts(tmp_path / "prompts.jsonl", 5, seed=0)
+    out = tmp_path / "data.jsonl"
+    argv = ["generate-data", "--target", str(TINY), "--prompts", str(tmp_path / "prompts.jsonl"),
+            "--out", str(out), "--max-new-tokens", "10", "--batch-size", "3", "--device", "cpu"]
+    assert train.main(argv) == 0
+    full = out.read_text().splitlines()
+    target = Qwen3.from_pretrained(TINY)
+    for line in full:
+        record = json.loads(line)
+        prompt = prompts[record["index"]]
+        alone = generate.generate_autoregressive(target, prompt, 10).new_ids
+        assert record["input_ids"] == prompt + alone  # left padding changes nothing
+        assert record["loss_mask"] == [0] * len(prompt) + [1] * len(alone)
+    out.write_text("\n".join(full[:2]) + "\n" + full[2][:15])  # a crash mid-line
+    assert train.main(argv) == 0
+    assert sorted(out.read_text().splitlines()) == sorted(full)
+
+
+# -------------------------------------------------------------------- resumability
+
+
+def write_data(path: Path, count: int = 8, length: int = 20, seed: int = 0) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    lines = []
+    for _ in range(count):
+        ids = torch.randint(0, 512, (length,), generator=generator).tolist()
+        lines.append(json.dumps({"input_ids": ids, "loss_mask": [0] * 6 + [1] * (length - 6)}))
+    path.write_text("\n".join(lines) + "\n")
+
+
+def train_argv(data: Path, out: Path, *extra: str) -> list[str]:
+    return ["train", "--target", str(TINY), "--data", str(data), "--out", str(out), "--drafter-layers", "1",
+            "--block-size", "4", "--num-anchors", "4", "--batch-size", "3", "--steps", "6", "--log-every", "1",
+            "--device", "cpu", *extra]
+
+
+def test_resume_is_bit_identical(tmp_path):
+    data = tmp_path / "data.jsonl"
+    write_data(data)  # 8 sequences, batch 3: 3 steps an epoch, so the run crosses an epoch boundary
+    assert train.main(train_argv(data, tmp_path / "straight")) == 0
+    assert train.main(train_argv(data, tmp_path / "split", "--stop-at", "3")) == 0
+    halfway = load_file(tmp_path / "split" / "model.safetensors")
+    assert train.main(train_argv(data, tmp_path / "split", "--resume")) == 0
+    straight = load_file(tmp_path / "straight" / "model.safetensors")
+    split = load_file(tmp_path / "split" / "model.safetensors")
+    assert straight.keys() == split.keys()
+    assert all(torch.equal(straight[name], split[name]) for name in straight)
+    assert not all(torch.equal(straight[name], halfway[name]) for name in straight)  # it did train on
+    log = [json.loads(line) for line in (tmp_path / "split" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3, 4, 5, 6]
+    state = torch.load(tmp_path / "split" / "training_state.pt", weights_only=True)
+    assert state["step"] == 6
+    assert Drafter.from_pretrained(tmp_path / "split", target=Qwen3.from_pretrained(TINY)).config.block_size == 4
+
+
+# ------------------------------------------------------------------ the CLI's errors
+
+
+def one_error_line(capsys, argv) -> str:
+    assert train.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    return err[0]
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    data = tmp_path / "data.jsonl"
+    write_data(data)
+    assert "data file not found" in one_error_line(capsys, train_argv(tmp_path / "missing.jsonl", tmp_path / "a"))
+    assert "not a checkpoint folder" in one_error_line(
+        capsys, ["train", "--target", str(tmp_path / "nope"), "--data", str(data), "--out", str(tmp_path / "b")])
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "file").write_text("x")
+    assert "not empty" in one_error_line(capsys, train_argv(data, tmp_path / "busy"))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text(json.dumps({"input_ids": [1, 2, 3], "loss_mask": [1, 0, 0]}) + "\n")
+    assert "no valid block" in one_error_line(capsys, train_argv(empty, tmp_path / "c"))
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"text": "hello"}\n')
+    assert "needs a tokenizer" in one_error_line(
+        capsys, ["generate-data", "--target", str(TINY), "--prompts", str(prompts), "--out", str(tmp_path / "d")])
+    assert "--block-size" in one_error_line(capsys, train_argv(data, tmp_path / "e", "--block-size", "1"))
+    assert "nothing to resume" in one_error_line(capsys, train_argv(data, tmp_path / "f", "--resume"))
+
+
+def test_resume_with_another_target_is_refused(tmp_path, capsys):
+    data = tmp_path / "data.jsonl"
+    write_data(data)
+    assert train.main(train_argv(data, tmp_path / "run", "--stop-at", "1")) == 0
+    capsys.readouterr()
+    argv = train_argv(data, tmp_path / "run", "--resume")
+    argv[argv.index(str(TINY))] = str(FIXTURES / "qwen3-tiny-sharded")
+    assert "another target" in one_error_line(capsys, argv)
+
+
+def test_bad_arguments_exit_2_without_traceback():
+    result = subprocess.run([sys.executable, "train.py", "train", "--bogus"], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
+
+
+# ------------------------------------------------------------------- data parallel
+
+
+def test_data_parallel_under_torchrun(tmp_path):
+    """Two CPU processes (gloo) train 3 steps; rank 0 writes one checkpoint and one log."""
+    data = tmp_path / "data.jsonl"
+    write_data(data)
+    out = tmp_path / "ddp"
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "train.py",
+               *train_argv(data, out)]
+    command[command.index("--steps") + 1] = "3"
+    result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [1, 2, 3]
+    state = torch.load(out / "training_state.pt", weights_only=True)
+    assert len(state["rng"]) == 2  # each process's anchor generator, for an exact resume
+    Drafter.from_pretrained(out, target=Qwen3.from_pretrained(TINY))
