@@ -145,6 +145,9 @@ def run(args) -> int:
             for index, (f, p) in enumerate(zip(fast, plain)):
                 print(f"  {index:>6} {f.mean_acceptance:>6.2f} {f.tokens_per_second:>9.1f} {p.tokens_per_second:>15.1f}")
             tau, speed = pooled(fast)
+            if temperature == 0:  # greedy must be lossless: say so from this very run
+                same = sum(f.new_ids == p.new_ids for f, p in zip(fast, plain))
+                print(f"  greedy output identical to the baseline on {same}/{len(prompts)} prompts")
             histogram = [sum(counts) for counts in zip(*(f.histogram(block_size) for f in fast))]
             summary.append({"block_size": block_size, "temperature": temperature, "mean_acceptance": tau,
                             "acceptance_histogram": histogram, "tokens_per_second": speed,
