@@ -1,0 +1,51 @@
+"""Plot a drafter's training curve from train.py's log: loss, and the tau estimate.
+
+    python weights/plot_drafter.py --log weights/tiny-qwen3-dflash/train_log.jsonl
+
+The loss is the decayed-weight cross-entropy over block slots; the tau estimate is
+1 + sum_k prod_{i<=k} acc_i from the per-slot accuracies (see train.estimated_tau):
+it says how many tokens a verification would commit if the slots were independent.
+Real tau, measured by speculative decoding, is marked where the log has it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # write a file; no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+
+HERE = Path(__file__).parent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--log", type=Path, default=HERE / "tiny-qwen3-dflash" / "train_log.jsonl")
+    parser.add_argument("--out", type=Path, default=HERE / "tiny-qwen3-dflash-training.png")
+    args = parser.parse_args()
+    entries = [json.loads(line) for line in args.log.read_text().splitlines() if line.strip()]
+    trained = [e for e in entries if "loss" in e and e["step"] > 10]  # the first log line is the init's spike
+    figure, (loss_axes, tau_axes) = plt.subplots(1, 2, figsize=(10, 4), dpi=120)
+    loss_axes.plot([e["step"] for e in trained], [e["loss"] for e in trained], color="tab:blue")
+    loss_axes.set(xlabel="step", ylabel="weighted cross-entropy (nats)", title="drafter loss")
+    tau_axes.plot([e["step"] for e in trained], [e["tau_estimate"] for e in trained], color="tab:green",
+                  label="estimate from slot accuracies")
+    evaluated = [e for e in entries if e.get("eval_tau") is not None]
+    if evaluated:
+        tau_axes.plot([e["step"] for e in evaluated], [e["eval_tau"] for e in evaluated], "o", color="tab:red",
+                      label="real speculative decoding, held-out prompts")
+    tau_axes.set(xlabel="step", ylabel="tokens per target pass", title="tau")
+    tau_axes.legend()
+    for axes in (loss_axes, tau_axes):
+        axes.grid(alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(args.out)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
