@@ -52,7 +52,7 @@ def test_plain_text_run_prints_a_summary():
 
 BAD_INPUTS = {
     "missing model": ["--model", "no/such/folder", "--draft", str(DRAFTER), "--prompt-ids", "1"],
-    "missing default model": ["--prompt-ids", "1"],
+    "missing drafter": ["--model", str(TARGET), "--draft", "no/such/drafter", "--prompt-ids", "1"],
     "drafter that does not fit": ["--model", str(FIXTURES / "qwen3-tiny"), "--draft", str(DRAFTER),
                                   "--prompt-ids", "1"],
     "too long": [*PAIR, "--prompt-ids", "1", "--max-new-tokens", "5000"],
@@ -89,7 +89,7 @@ def test_bad_input_is_one_error_line_and_exit_2(case, capsys):
     assert len(lines) == 1 and lines[0].startswith("error: "), stderr
 
 
-@pytest.mark.parametrize("case", ["missing default model", "unknown device"])
+@pytest.mark.parametrize("case", ["missing drafter", "unknown device"])
 def test_bad_input_in_a_real_process_has_no_traceback(case):
     done = run(*BAD_INPUTS[case])
     assert done.returncode == 2 and "Traceback" not in done.stderr
