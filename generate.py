@@ -542,13 +542,18 @@ def run(args) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def run_cli(parser: argparse.ArgumentParser, run_args, argv: Sequence[str] | None) -> int:
+    """Parse, run, and turn every expected failure into one `error:` line and exit status 2."""
+    args = parser.parse_args(argv)
     try:
-        return run(args)
+        return run_args(args)
     except (CheckpointError, TokenizerError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(build_parser(), run, argv)
 
 
 if __name__ == "__main__":

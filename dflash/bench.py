@@ -21,10 +21,9 @@ from pathlib import Path
 import torch
 
 from dflash.drafter import Drafter
-from dflash.qwen3 import CheckpointError, Qwen3
-from dflash.tokenizer import TokenizerError
+from dflash.qwen3 import Qwen3
 from generate import (WEIGHTS, Generation, OneLineErrors, Steps, check_block_size, generate_autoregressive,
-                      generate_dflash, load_text_tokenizer, model_stop_ids, pick_device, pick_dtype)
+                      generate_dflash, load_text_tokenizer, model_stop_ids, pick_device, pick_dtype, run_cli)
 
 
 def read_prompts(path: Path) -> list[str]:
@@ -169,12 +168,7 @@ def run(args) -> int:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return run(args)
-    except (CheckpointError, TokenizerError, ValueError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    return run_cli(build_parser(), run, argv)
 
 
 if __name__ == "__main__":
