@@ -170,22 +170,27 @@ def record_prompt_ids(record, tokenizer, thinking: bool, where: str) -> list[int
     return ids
 
 
+def numbered_lines(path: Path, what: str):
+    """Yield ("file:line", text) for every non-blank line, so errors can point at the line."""
+    if not path.is_file():
+        raise UsageError(f"{path}: {what} not found")
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            yield f"{path}:{number}", line
+
+
+def parse_json_line(line: str, where: str):
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError as err:
+        raise UsageError(f"{where}: not valid JSON ({err.msg})") from None
+
+
 def read_prompts(path: Path, tokenizer, thinking: bool = False) -> list[list[int]]:
     """Prompts from a .txt (one raw prompt per line) or .jsonl file, as token ids."""
-    if not path.is_file():
-        raise UsageError(f"{path}: prompts file not found")
     prompts = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        if path.suffix == ".txt":
-            record = line
-        else:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise UsageError(f"{where}: not valid JSON ({err.msg})") from None
+    for where, line in numbered_lines(path, "prompts file"):
+        record = line if path.suffix == ".txt" else parse_json_line(line, where)
         prompts.append(record_prompt_ids(record, tokenizer, thinking, where))
     if not prompts:
         raise UsageError(f"{path}: no prompts")
@@ -282,17 +287,9 @@ def generate_data(args) -> int:
 
 def load_sequences(path: Path, max_seq_len: int, vocab_size: int) -> list[tuple[list[int], list[int]]]:
     """(input_ids, loss_mask) pairs, cut to max_seq_len; sequences where no block can start are dropped."""
-    if not path.is_file():
-        raise UsageError(f"{path}: data file not found")
     sequences = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise UsageError(f"{where}: not valid JSON ({err.msg})") from None
+    for where, line in numbered_lines(path, "data file"):
+        record = parse_json_line(line, where)
         ids, mask = (record.get("input_ids"), record.get("loss_mask")) if isinstance(record, dict) else (None, None)
         if not isinstance(ids, list) or not isinstance(mask, list) or len(ids) != len(mask):
             raise UsageError(f"{where}: needs input_ids and loss_mask lists of equal length")
