@@ -25,10 +25,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from dflash.qwen3 import (
-    CheckpointError, DecoderLayer, KVCache, Qwen3, Qwen3Config, RMSNorm, RotaryEmbedding,
-    load_checkpoint_into, read_json, save_checkpoint,
-)
+from dflash import checkpoint
+from dflash.checkpoint import CheckpointError
+from dflash.qwen3 import ATTENTION_BIASES, LAYER_TENSORS, DecoderLayer, KVCache, Qwen3, Qwen3Config, RMSNorm, RotaryEmbedding
 
 
 def default_target_layer_ids(num_target_layers: int, num_drafter_layers: int) -> list[int]:
@@ -85,9 +84,9 @@ class DrafterLayer(DecoderLayer):
         if cache is None:
             k = torch.cat([k_context, k_block], dim=2)  # (batch, kv_heads, context + block, head_dim)
             v = torch.cat([v_context, v_block], dim=2)  # (batch, kv_heads, context + block, head_dim)
-        else:  # context joins the cached context; the block sits right after it
-            cache.write(layer, context_slots, k_context, v_context, keys_needed=0)
-            k, v = cache.write(layer, block_slots, k_block, v_block, keys_needed=mask.shape[-1])
+        else:  # the new context joins the cached one, then the block is written right after it
+            cache.write(layer, context_slots, k_context, v_context, 0)
+            k, v = cache.write(layer, block_slots, k_block, v_block, mask.shape[-1])
         block = block + attn.attend(q, k, v, mask)
         return block + self.mlp(self.post_attention_layernorm(block))
 
@@ -103,7 +102,7 @@ class Drafter(nn.Module):
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.layers = nn.ModuleList(DrafterLayer(c) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.rotary = RotaryEmbedding(c.head_dim, c.rope_theta, getattr(torch, c.dtype))
+        self.rotary = RotaryEmbedding(c.head_dim, c.rope_theta)
 
     def forward(
         self,
@@ -113,7 +112,6 @@ class Drafter(nn.Module):
         block_positions: torch.Tensor,
         mask: torch.Tensor | None = None,
         cache: KVCache | None = None,
-        num_keys: int | None = None,
     ) -> torch.Tensor:
         """Denoise a block; return the drafter's final hidden states (batch, block, hidden).
 
@@ -122,16 +120,17 @@ class Drafter(nn.Module):
         - `block_embeddings` (batch, block, hidden): the block through the target's embedding.
         - `context_positions` (ctx,) / `block_positions` (block,): absolute positions,
           which are also the cache slots written (or (batch, n) rows when training).
+          With a cache read eagerly, the new context follows the committed one and the
+          block follows the new context. The forward never commits: the caller extends
+          the cache by the context it keeps; the block's slots are scratch.
         - `mask`: True where a block query may look; default: everything (no cache) or
           every slot up to the block's last position (with `cache`).
         """
         context = self.hidden_norm(self.fc(target_features))  # (batch, ctx, hidden), once per step
-        if cache is not None:
-            if num_keys is None:
-                num_keys = cache.max_length
-            if mask is None:
-                key_slots = torch.arange(num_keys, device=block_positions.device)
-                mask = (key_slots <= block_positions[-1])[None, :]  # (1, keys): all written slots
+        if cache is not None and mask is None:
+            num_keys = cache.keys_to_read(context.shape[1] + block_embeddings.shape[1])
+            key_slots = torch.arange(num_keys, device=block_positions.device)
+            mask = (key_slots <= block_positions[-1])[None, :]  # (1, keys): the context and the whole block
         dtype = block_embeddings.dtype
         block_rope, context_rope = self.rotary(block_positions, dtype), self.rotary(context_positions, dtype)
         x = block_embeddings
@@ -154,20 +153,32 @@ class Drafter(nn.Module):
         path = Path(path)
         if not path.is_dir():
             raise CheckpointError(f"{path}: not a drafter checkpoint folder")
-        config = DrafterConfig.from_dict(read_json(path / "config.json"), str(path / "config.json"))
+        config = DrafterConfig.from_dict(checkpoint.read_json(path / "config.json"), str(path / "config.json"))
         if target is not None:
             check_fits(config, target.config, str(path))
         with torch.device("meta"):
             drafter = cls(config)
-        names = {name: name for name, _ in drafter.named_parameters()}  # the layout has no prefix
-        load_checkpoint_into(drafter, path, names, ignorable=set(), device=device, dtype=dtype)
+        checkpoint.load_into(drafter, path, released_names(config), device, dtype)
         drafter.rotary.inv_freq = drafter.rotary.inverse_frequencies(device)
         return drafter.eval()
 
     def save_pretrained(self, path, dtype: torch.dtype | None = None) -> None:
         """Write the authors' layout (`config.json` + `model.safetensors`), atomically."""
-        tensors = {name: p.detach() for name, p in self.named_parameters()}
-        save_checkpoint(path, tensors, self.config.to_dict(), dtype)
+        checkpoint.save(path, self, released_names(self.config), self.config.to_dict(), dtype)
+
+
+def released_names(config: DrafterConfig) -> dict[str, str]:
+    """The released drafters' tensor names -> ours: the same names, with no `model.` prefix."""
+    names = {
+        "fc.weight": "fc.weight",  # (hidden, n_target_layers * hidden): fuses the target's features
+        "hidden_norm.weight": "hidden_norm.weight",  # (hidden,): norms the fused context
+        "norm.weight": "norm.weight",  # (hidden,): the final norm before the target's LM head
+    }
+    per_layer = LAYER_TENSORS + (ATTENTION_BIASES if config.layers.attention_bias else [])
+    for i in range(config.layers.num_hidden_layers):
+        for tensor in per_layer:
+            names[f"layers.{i}.{tensor}"] = f"layers.{i}.{tensor}"
+    return names
 
 
 def check_fits(drafter: DrafterConfig, target: Qwen3Config, source: str = "drafter") -> None:

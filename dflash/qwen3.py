@@ -1,20 +1,15 @@
-"""Qwen3 from scratch: config, model, static KV cache and checkpoint loading.
+"""Qwen3 from scratch: the config, the building blocks, the static KV cache, the model.
 
-This file computes exactly what the official Qwen3 implementation computes, and
-reads (and writes) checkpoints in the official Hugging Face layout: a folder with
-`config.json` and either `model.safetensors` or several shards listed in
-`model.safetensors.index.json`.
-
-Reading order: the config, the four building blocks (RMSNorm, RoPE, attention,
-MLP), the decoder layer, the static KV cache, the model, and finally loading and
-saving. The DFlash drafter (`dflash/drafter.py`) reuses the building blocks.
+This file computes exactly what the official Qwen3 implementation computes. Reading
+order: the config, the four building blocks (RMSNorm, RoPE, attention, MLP), the
+decoder layer, the static KV cache, the model, and the table of official tensor
+names it loads through. Reading and writing the official checkpoint layout
+(safetensors and `config.json`) is `dflash/checkpoint.py`'s job; the DFlash
+drafter (`dflash/drafter.py`) reuses the building blocks and the cache.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import tempfile
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Sequence
@@ -23,10 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-class CheckpointError(ValueError):
-    """A checkpoint this code cannot load. The message is one line a CLI can print."""
-
+from dflash import checkpoint
+from dflash.checkpoint import CheckpointError
 
 # --------------------------------------------------------------------------- config
 
@@ -47,15 +40,15 @@ class Qwen3Config:
     tie_word_embeddings: bool = False  # LM head shares the embedding matrix
     max_position_embeddings: int = 40960
     attention_bias: bool = False  # biases on the q/k/v/o projections
-    dtype: str = "float32"  # the dtype the weights were saved in (see RotaryEmbedding)
+    dtype: str = "float32"  # the dtype the weights were saved in (informative only)
 
     @classmethod
     def from_dict(cls, raw: dict, source: str = "config.json") -> "Qwen3Config":
         """Build a config, refusing by name every field whose meaning we do not implement."""
-        refuse_unsupported_fields(raw, source, expected_model_type="qwen3")
-        missing = [f.name for f in fields(cls) if f.name not in raw and f.name in REQUIRED_FIELDS]
+        checkpoint.refuse_unsupported_fields(raw, source, expected_model_type="qwen3")
+        missing = [name for name in REQUIRED_FIELDS if name not in raw]
         if missing:
-            raise CheckpointError(f"{source}: missing required field(s) {', '.join(missing)}")
+            raise CheckpointError(f"{source}: missing required field(s) {', '.join(sorted(missing))}")
         values = {f.name: raw[f.name] for f in fields(cls) if f.name in raw}
         values["dtype"] = raw.get("dtype") or raw.get("torch_dtype") or "float32"
         if not isinstance(getattr(torch, values["dtype"], None), torch.dtype):
@@ -90,37 +83,6 @@ REQUIRED_FIELDS = {
 }
 
 
-def refuse_unsupported_fields(raw: dict, source: str, expected_model_type: str) -> None:
-    """Stop with a named field rather than silently computing something else."""
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{source}: expected a JSON object, got {type(raw).__name__}")
-    if raw.get("model_type", expected_model_type) != expected_model_type:
-        raise CheckpointError(
-            f"{source}: model_type={raw['model_type']!r} is not supported (only {expected_model_type!r})"
-        )
-    if raw.get("rope_scaling"):
-        raise CheckpointError(f"{source}: rope_scaling={raw['rope_scaling']!r} is not supported")
-    if raw.get("use_sliding_window"):
-        raise CheckpointError(f"{source}: use_sliding_window=true is not supported")
-    layer_types = raw.get("layer_types") or []
-    if any(kind != "full_attention" for kind in layer_types):
-        raise CheckpointError(f"{source}: layer_types other than 'full_attention' are not supported")
-    if raw.get("hidden_act", "silu") != "silu":
-        raise CheckpointError(f"{source}: hidden_act={raw['hidden_act']!r} is not supported (only 'silu')")
-
-
-def read_json(path: Path) -> dict:
-    """Read a JSON file, turning every way it can fail into one clear line."""
-    try:
-        return json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{path}: file not found") from None
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{path}: not valid JSON ({err})") from None
-    except OSError as err:
-        raise CheckpointError(f"{path}: cannot read ({err.strerror})") from None
-
-
 # ------------------------------------------------------------------ building blocks
 
 
@@ -142,21 +104,25 @@ class RotaryEmbedding(nn.Module):
     """RoPE angles for absolute positions: cos/sin of `position * inv_freq`, computed on the fly.
 
     Computing them per call (a (seq, head_dim) outer product) needs no table sized for
-    the longest sequence. One quirk is reproduced on purpose: the official code keeps
-    `inv_freq` in a buffer that is cast to the checkpoint's dtype when the checkpoint
-    is loaded, so a bfloat16 checkpoint rotates by bfloat16-rounded frequencies. We
-    round the same way (`stored_dtype`), or our logits would drift from the reference.
+    the longest sequence. The inverse frequencies are always float32, whatever dtype
+    the weights are stored or computed in: that is what the official code does when
+    it loads a checkpoint (checked with transformers 4.57.1 on a bf16 checkpoint,
+    loaded in float32 and in bfloat16). Only a model cast with `.to(bfloat16)` in
+    memory rounds them, which `round_frequencies` reproduces for fixtures made so.
     """
 
-    def __init__(self, head_dim: int, theta: float, stored_dtype: torch.dtype = torch.float32):
+    def __init__(self, head_dim: int, theta: float):
         super().__init__()
-        self.head_dim, self.theta, self.stored_dtype = head_dim, theta, stored_dtype
+        self.head_dim, self.theta = head_dim, theta
         self.register_buffer("inv_freq", self.inverse_frequencies(), persistent=False)
 
     def inverse_frequencies(self, device=None) -> torch.Tensor:
         exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device) / self.head_dim
-        inv_freq = 1.0 / (self.theta**exponents)  # (head_dim/2,)
-        return inv_freq.to(self.stored_dtype).float()
+        return 1.0 / (self.theta**exponents)  # (head_dim/2,)
+
+    def round_frequencies(self, dtype: torch.dtype) -> None:
+        """Round inv_freq through `dtype`, as an in-memory `.to(dtype)` of the official model does."""
+        self.inv_freq = self.inv_freq.to(dtype).float()
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         angles = positions.float()[..., None] * self.inv_freq  # (..., seq, head_dim/2)
@@ -212,13 +178,13 @@ class Attention(nn.Module):
         v = v.repeat_interleave(groups, dim=1)  # (batch, heads, keys, head_dim)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (batch, heads, seq, head_dim)
         batch, _, seq, _ = out.shape
-        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))  # (batch, seq, hidden)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))  # (batch, seq, heads * head_dim) -> hidden
 
     def forward(self, x, cos, sin, mask, cache: "KVCache | None", layer: int, positions: torch.Tensor):
         q = self.queries(x, cos, sin)
         k, v = self.keys_values(x, cos, sin)
-        if cache is not None:  # store this chunk, then attend over everything stored so far
-            k, v = cache.write(layer, positions, k, v, keys_needed=mask.shape[-1])
+        if cache is not None:  # store this chunk, then attend over what the cache lets us read
+            k, v = cache.write(layer, positions, k, v, mask.shape[-1])
         return self.attend(q, k, v, mask)
 
 
@@ -256,11 +222,19 @@ class DecoderLayer(nn.Module):
 class KVCache:
     """Preallocated keys and values, one pair of tensors per layer, written by position.
 
-    `length` counts the positions that hold committed tokens. Speculative decoding
-    writes a whole block, keeps a prefix of it, and *trims*: `trim(n)` only moves the
-    length, in O(1). The rejected entries stay in memory but can never be seen:
-    attention masks every key at a position later than the query, and the next
-    tokens overwrite those slots before anything is allowed to look at them.
+    `length` is the one truth about what the cache holds: the positions 0..length-1
+    are the committed sequence. A forward pass writes its chunk at the positions
+    right after them and reads the committed slots plus its own chunk; the caller
+    then commits what it keeps: `extend(n)` after a plain step, and after a
+    speculative step `trim(n)`, which cuts the rejected tail off by moving `length`
+    back, in O(1). Rejected keys stay in memory but are never read again: the next
+    chunk overwrites them before anything may look at them.
+
+    How much is read is the one place where eager and compiled passes differ
+    (`keys_to_read`): eager reads exactly the committed slots plus the chunk, which
+    is the least work; a compiled pass needs the same shapes on every call, so it
+    reads the whole buffer and a position mask hides every slot after the query
+    (`fixed_shape`, set by whoever compiles).
     """
 
     def __init__(self, num_layers: int, batch: int, num_kv_heads: int, max_length: int, head_dim: int,
@@ -270,12 +244,26 @@ class KVCache:
         self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
         self.max_length = max_length
         self.length = 0
+        self.fixed_shape = False
 
-    def write(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keys_needed: int):
-        """Store k, v (batch, kv_heads, seq, head_dim) at `positions`; return the first `keys_needed` slots."""
+    def keys_to_read(self, chunk: int) -> int:
+        """How many slots attention reads for a chunk of `chunk` new positions."""
+        if self.fixed_shape:
+            return self.max_length  # a fixed shape; the position mask hides what lies ahead
+        return self.length + chunk  # committed slots + the chunk itself
+
+    def write(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_keys: int):
+        """Store k, v (batch, kv_heads, seq, head_dim) at `positions`; return the first `num_keys` slots."""
         self.keys[layer].index_copy_(2, positions, k)
         self.values[layer].index_copy_(2, positions, v)
-        return self.keys[layer][:, :, :keys_needed], self.values[layer][:, :, :keys_needed]
+        return self.keys[layer][:, :, :num_keys], self.values[layer][:, :, :num_keys]
+
+    def extend(self, count: int) -> None:
+        """Commit the `count` positions just written after the committed ones."""
+        if self.length + count > self.max_length:
+            raise ValueError(f"cannot commit {count} more positions to a cache of {self.max_length} "
+                             f"holding {self.length}")
+        self.length += count
 
     def trim(self, length: int) -> None:
         """Forget everything from position `length` on (O(1): nothing is copied or freed)."""
@@ -287,10 +275,10 @@ class KVCache:
 def causal_mask(positions: torch.Tensor, num_keys: int, key_padding: torch.Tensor | None = None) -> torch.Tensor:
     """True where a query at `positions[i]` may attend to key slot j: j <= positions[i].
 
-    Masking by position rather than by "what was written" is what makes trimming free:
-    a stale slot j beyond the committed length is later than every query that could
-    see it before it is overwritten. `key_padding` (batch, num_keys), True for real
-    tokens, hides left-padding in batched generation.
+    Masking by position rather than by "what was written" is what lets a compiled
+    pass read the whole buffer: every slot beyond the query is hidden, whatever
+    stale or unwritten values it holds. `key_padding` (batch, >= num_keys), True
+    for real tokens, hides left-padding in batched generation.
     """
     key_positions = torch.arange(num_keys, device=positions.device)
     mask = key_positions[None, :] <= positions[:, None]  # (seq, keys)
@@ -298,7 +286,7 @@ def causal_mask(positions: torch.Tensor, num_keys: int, key_padding: torch.Tenso
         itself = key_positions[None, :] == positions[:, None]  # (seq, keys)
         # A padding query would otherwise see no key at all: a fully masked row, which
         # some attention kernels turn into NaN. Letting it see itself keeps it finite.
-        mask = (mask[None, None] & key_padding[:, None, None, :]) | itself  # (batch, 1, seq, keys)
+        mask = (mask[None, None] & key_padding[:, None, None, :num_keys]) | itself  # (batch, 1, seq, keys)
     return mask
 
 
@@ -314,7 +302,7 @@ class Qwen3(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, getattr(torch, config.dtype))
+        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
         if config.tie_word_embeddings:
             self.lm_head = None  # logits use embed_tokens.weight
         else:
@@ -330,7 +318,6 @@ class Qwen3(nn.Module):
         input_ids: torch.Tensor,
         positions: torch.Tensor | None = None,
         cache: KVCache | None = None,
-        num_keys: int | None = None,
         capture_layers: Sequence[int] = (),
         logits_at: slice | torch.Tensor | None = None,
         key_padding: torch.Tensor | None = None,
@@ -338,36 +325,38 @@ class Qwen3(nn.Module):
         """Run the model on input_ids (batch, seq).
 
         - `positions` (seq,): absolute positions of the tokens, shared by the batch
-          (also the cache slots they are written to); default 0..seq-1.
-        - `cache`: write keys/values into it at `positions` and attend to all stored
-          slots. `num_keys` bounds how many slots attention reads: the whole buffer
-          (the default, a fixed shape for torch.compile) or just the filled prefix.
+          (also the cache slots they are written to); default: right after what the
+          cache has committed (0..seq-1 without a cache). The forward never commits:
+          the caller moves `cache.length` (`extend`, `trim`) once it knows what to keep.
         - `capture_layers`: also return the hidden states after these decoder layers
-          (0-based), concatenated on the feature axis: (batch, seq, len(layers) * hidden).
+          (0-based, repeats allowed), concatenated in the order asked:
+          (batch, seq, len(layers) * hidden). The last layer's comes after the final
+          norm, as the official `hidden_states[-1]` does.
         - `logits_at`: compute logits only at these sequence indices (prefill needs one).
+        - `key_padding` (batch, keys): False for left-padding keys of batched prompts.
         Returns logits (batch, seq', vocab), or (logits, features) when capturing.
         """
         batch, seq = input_ids.shape
         if positions is None:
-            positions = torch.arange(seq, device=input_ids.device)
-        if cache is None:
-            num_keys = seq
-        elif num_keys is None:
-            num_keys = cache.max_length
+            start = cache.length if cache is not None else 0
+            positions = torch.arange(start, start + seq, device=input_ids.device)
+        num_keys = cache.keys_to_read(seq) if cache is not None else seq
         mask = causal_mask(positions, num_keys, key_padding)
         x = self.embed_tokens(input_ids)  # (batch, seq, hidden)
         cos, sin = self.rotary(positions, x.dtype)  # (seq, head_dim) each
-        captured = []
+        captured = {}
         for index, layer in enumerate(self.layers):
             x = layer(x, cos, sin, mask, cache, index, positions)
             if index in capture_layers:
-                captured.append(x)
-        x = self.norm(x if logits_at is None else x[:, logits_at])
-        logits = self.logits(x)  # (batch, seq', vocab)
+                captured[index] = x
+        last = len(self.layers) - 1
+        if last in captured:
+            captured[last] = self.norm(x)  # the official hidden_states[-1] is after the final norm
+        hidden = self.norm(x if logits_at is None else x[:, logits_at])
+        logits = self.logits(hidden)  # (batch, seq', vocab)
         if not capture_layers:
             return logits
-        by_request = [captured[sorted(capture_layers).index(i)] for i in capture_layers]
-        return logits, torch.cat(by_request, dim=-1)  # features: (batch, seq, n * hidden)
+        return logits, torch.cat([captured[i] for i in capture_layers], dim=-1)  # (batch, seq, n * hidden)
 
     def new_cache(self, max_length: int, batch: int = 1) -> KVCache:
         """A KV cache for `max_length` positions on this model's device and dtype."""
@@ -383,139 +372,46 @@ class Qwen3(nn.Module):
         path = Path(path)
         if not path.is_dir():
             raise CheckpointError(f"{path}: not a checkpoint folder")
-        config = Qwen3Config.from_dict(read_json(path / "config.json"), str(path / "config.json"))
+        config = Qwen3Config.from_dict(checkpoint.read_json(path / "config.json"), str(path / "config.json"))
         with torch.device("meta"):  # no memory yet: every weight arrives by assignment
             model = cls(config)
-        expected = official_names(model)
-        load_checkpoint_into(model, path, expected, ignorable={"lm_head.weight"} if model.lm_head is None else set(),
-                             device=device, dtype=dtype)
+        # A tied checkpoint may still carry a copy of the embedding as its LM head: unused.
+        unused = frozenset({"lm_head.weight"}) if config.tie_word_embeddings else frozenset()
+        checkpoint.load_into(model, path, official_names(config), device, dtype, skip=unused)
         model.rotary.inv_freq = model.rotary.inverse_frequencies(device)
         return model.eval()
 
     def save_pretrained(self, path, dtype: torch.dtype | None = None) -> None:
         """Write `config.json` and `model.safetensors` in the official layout, atomically."""
-        names = official_names(self)
-        tensors = {official: module_tensor(self, ours) for official, ours in names.items()}
-        config = self.config.to_dict()
-        save_checkpoint(path, tensors, config, dtype)
+        checkpoint.save(path, self, official_names(self.config), self.config.to_dict(), dtype)
 
 
-def official_names(model: Qwen3) -> dict[str, str]:
-    """Map each official tensor name to our parameter name (ours drop the `model.` prefix)."""
-    names = {}
-    for ours, _ in model.named_parameters():
-        official = ours if ours.startswith("lm_head.") else "model." + ours
-        names[official] = ours
+# ------------------------------------------------------------- official tensor names
+
+# The tensors of one decoder layer, named as in the official checkpoints (after
+# `model.layers.{i}.`) and as in this file's modules (after `layers.{i}.`): the
+# same dotted path, because the modules above are named after the official ones.
+LAYER_TENSORS = [
+    "input_layernorm.weight",
+    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
+    "self_attn.q_norm.weight", "self_attn.k_norm.weight",
+    "post_attention_layernorm.weight",
+    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
+]
+ATTENTION_BIASES = ["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias",
+                    "self_attn.o_proj.bias"]
+
+
+def official_names(config: Qwen3Config) -> dict[str, str]:
+    """The checkpoint's tensor names -> this model's parameter names, for a given config."""
+    names = {
+        "model.embed_tokens.weight": "embed_tokens.weight",  # (vocab, hidden)
+        "model.norm.weight": "norm.weight",  # (hidden,)
+    }
+    if not config.tie_word_embeddings:
+        names["lm_head.weight"] = "lm_head.weight"  # (vocab, hidden)
+    per_layer = LAYER_TENSORS + (ATTENTION_BIASES if config.attention_bias else [])
+    for i in range(config.num_hidden_layers):
+        for tensor in per_layer:
+            names[f"model.layers.{i}.{tensor}"] = f"layers.{i}.{tensor}"
     return names
-
-
-def module_tensor(module: nn.Module, name: str) -> torch.Tensor:
-    return module.get_parameter(name).detach()
-
-
-# ------------------------------------------------------- safetensors in and out
-
-
-def checkpoint_files(path: Path) -> dict[str, Path]:
-    """Which safetensors file holds each tensor: read the shard index, or the single file."""
-    index = path / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise CheckpointError(f"{index}: no 'weight_map' object")
-        files = {name: path / file for name, file in weight_map.items()}
-    elif (path / "model.safetensors").exists():
-        files = None
-    else:
-        raise CheckpointError(f"{path}: no model.safetensors and no model.safetensors.index.json")
-    if files is None:
-        single = path / "model.safetensors"
-        return {name: single for name in safetensors_names(single)}
-    for file in sorted(set(files.values())):
-        if not file.exists():
-            raise CheckpointError(f"{file}: shard listed in the index is missing")
-    return files
-
-
-def safetensors_names(file: Path) -> list[str]:
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(file), framework="pt") as handle:
-            return list(handle.keys())
-    except Exception as err:  # safetensors raises its own error types for corrupt headers
-        raise CheckpointError(f"{file}: not a readable safetensors file ({err})") from None
-
-
-def load_checkpoint_into(model: nn.Module, path: Path, expected: dict[str, str], ignorable: set[str],
-                         device, dtype: torch.dtype) -> None:
-    """Fill a meta-device `model` tensor by tensor, checking names and shapes.
-
-    Each tensor is memory-mapped, converted to the compute dtype on its device, and
-    assigned in place of the meta placeholder, so the model never exists twice.
-    Safetensors files hold raw numbers only: nothing is unpickled.
-    """
-    from safetensors import safe_open
-
-    files = checkpoint_files(path)
-    unexpected = sorted(set(files) - set(expected) - ignorable)
-    if unexpected:
-        raise CheckpointError(f"{files[unexpected[0]]}: unexpected tensor {unexpected[0]!r}")
-    missing = sorted(set(expected) - set(files))
-    if missing:
-        raise CheckpointError(f"{path}: missing tensor {missing[0]!r}")
-    by_file: dict[Path, list[str]] = {}
-    for name in expected:
-        by_file.setdefault(files[name], []).append(name)
-    for file, names in by_file.items():
-        try:
-            handle_context = safe_open(str(file), framework="pt", device="cpu")
-        except Exception as err:
-            raise CheckpointError(f"{file}: not a readable safetensors file ({err})") from None
-        with handle_context as handle:
-            for name in names:
-                placeholder = model.get_parameter(expected[name])
-                stored = handle.get_slice(name)
-                if tuple(stored.get_shape()) != tuple(placeholder.shape):
-                    raise CheckpointError(
-                        f"{file}: tensor {name!r} has shape {tuple(stored.get_shape())}, "
-                        f"the config needs {tuple(placeholder.shape)}"
-                    )
-                tensor = handle.get_tensor(name).to(device=device, dtype=dtype)
-                assign_parameter(model, expected[name], tensor)
-
-
-def assign_parameter(model: nn.Module, name: str, tensor: torch.Tensor) -> None:
-    owner_name, _, leaf = name.rpartition(".")
-    owner = model.get_submodule(owner_name)
-    owner._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
-
-
-def save_checkpoint(path, tensors: dict[str, torch.Tensor], config: dict, dtype: torch.dtype | None) -> None:
-    """Write `config.json` + `model.safetensors` into `path`, each via a temp file and rename.
-
-    A crash mid-write leaves the previous files intact instead of half a checkpoint.
-    """
-    from safetensors.torch import save_file
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    out = {name: (t if dtype is None else t.to(dtype)).contiguous().cpu() for name, t in tensors.items()}
-    stored_dtype = next(iter(out.values())).dtype
-    dtype_name = str(stored_dtype).removeprefix("torch.")
-    config = {**config, "dtype": dtype_name, "torch_dtype": dtype_name}
-    write_atomically(path / "model.safetensors", lambda tmp: save_file(out, tmp, metadata={"format": "pt"}))
-    write_atomically(path / "config.json", lambda tmp: Path(tmp).write_text(json.dumps(config, indent=2) + "\n"))
-
-
-def write_atomically(target: Path, write) -> None:
-    """Call `write(temp_path)` next to `target`, then rename over it (atomic on POSIX)."""
-    handle, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".tmp")
-    os.close(handle)
-    try:
-        write(tmp)
-        os.chmod(tmp, 0o644)  # mkstemp makes owner-only files; checkpoints are meant to be shared
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)

@@ -81,6 +81,20 @@ def read_json_if_present(path: Path) -> dict:
 # --------------------------------------------------------------------------- stop tokens
 
 
+def eos_ids_of_generation_config(folder: Path) -> list[int]:
+    """The ids `generation_config.json` lists as `eos_token_id` (an int or a list); [] without one.
+
+    The one place this file is read: a folder without a tokenizer (token-id prompts)
+    still knows its stop tokens from here.
+    """
+    eos_ids = read_json_if_present(Path(folder) / "generation_config.json").get("eos_token_id")
+    if isinstance(eos_ids, int):
+        return [eos_ids]
+    if isinstance(eos_ids, list):
+        return [int(i) for i in eos_ids]
+    return []
+
+
 def find_stop_token_ids(folder: Path, raw: RawTokenizer) -> tuple[int, ...]:
     """Every id that ends a reply, gathered from the two places checkpoints put it.
 
@@ -91,13 +105,7 @@ def find_stop_token_ids(folder: Path, raw: RawTokenizer) -> tuple[int, ...]:
     `<|im_end|>`. A folder with neither falls back to those two tokens by name.
     The result keeps the order the files name them in, without repeats.
     """
-    stop_ids: list[int] = []
-
-    eos_ids = read_json_if_present(folder / "generation_config.json").get("eos_token_id")
-    if isinstance(eos_ids, int):
-        stop_ids.append(eos_ids)
-    elif isinstance(eos_ids, list):
-        stop_ids.extend(int(i) for i in eos_ids)
+    stop_ids = eos_ids_of_generation_config(folder)
 
     eos_token = read_json_if_present(folder / "tokenizer_config.json").get("eos_token")
     if isinstance(eos_token, dict):

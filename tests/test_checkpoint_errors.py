@@ -8,7 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dflash.qwen3 import CheckpointError, Qwen3
+from dflash.checkpoint import CheckpointError
+from dflash.qwen3 import Qwen3
 
 FIXTURES = Path(__file__).parent / "fixtures"
 

@@ -7,7 +7,7 @@ import torch
 
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
-from generate import Steps, generate_autoregressive, generate_dflash
+from generate import ModelRunner, generate_autoregressive, generate_dflash
 from tests.test_generate import oracle, prompt_of
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -39,16 +39,16 @@ def test_steps_compile_once_whatever_the_acceptance(no_recompiles):
     target = Qwen3.from_pretrained(FIXTURES / "qwen3-tiny-sharded")
     drafter = Drafter.from_pretrained(FIXTURES / "dflash-tiny", target=target)
     backend, block_size, new = CountingBackend(), 8, 24
-    steps = Steps(target, drafter, max_length=40 + new + block_size, compile=True, backend=backend)
+    runner = ModelRunner(target, drafter, max_length=40 + new + block_size, compile=True, backend=backend)
     runs = [(5, lambda position: position % 3 == 0), (23, lambda position: position % 5 == 2), (40, lambda _: False)]
     counts, lengths = [], []
     for prompt_length, wrong_at in runs:
         prompt = prompt_of(prompt_length, target.config.vocab_size)
         truth = prompt + generate_autoregressive(target, prompt, new + block_size).new_ids
-        assert generate_autoregressive(target, prompt, new, steps=steps).new_ids == truth[prompt_length:][:new]
-        oracle(steps, truth, wrong_at)
-        result = generate_dflash(target, drafter, prompt, new, steps=steps)
-        del steps.draft  # back to the real method for the next run's oracle to wrap
+        assert generate_autoregressive(target, prompt, new, runner=runner).new_ids == truth[prompt_length:][:new]
+        oracle(runner, truth, wrong_at)
+        result = generate_dflash(target, drafter, prompt, new, runner=runner)
+        del runner.draft  # back to the real method for the next run's oracle to wrap
         assert result.new_ids == truth[prompt_length:][:new]
         counts.append(backend.graphs)
         lengths += result.acceptance_lengths

@@ -16,7 +16,7 @@ import torch
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
 from dflash.tokenizer import load_tokenizer
-from generate import Steps, generate_autoregressive, generate_dflash
+from generate import ModelRunner, generate_autoregressive, generate_dflash
 
 ROOT = Path(__file__).resolve().parents[1]
 WEIGHTS = ROOT / "weights"
@@ -37,11 +37,11 @@ def pair():
 def test_greedy_dflash_is_lossless_and_drafts_well_on_heldout_prompts(pair):
     target, drafter, tokenizer, prompts = pair
     stop_ids = tokenizer.stop_token_ids
-    steps = Steps(target, drafter, max_length=max(map(len, prompts)) + NEW_TOKENS + drafter.config.block_size)
+    runner = ModelRunner(target, drafter, max_length=max(map(len, prompts)) + NEW_TOKENS + drafter.config.block_size)
     committed, passes = 0, 0
     for prompt in prompts:
-        plain = generate_autoregressive(target, prompt, NEW_TOKENS, stop_ids=stop_ids, steps=steps)
-        fast = generate_dflash(target, drafter, prompt, NEW_TOKENS, stop_ids=stop_ids, steps=steps)
+        plain = generate_autoregressive(target, prompt, NEW_TOKENS, stop_ids=stop_ids, runner=runner)
+        fast = generate_dflash(target, drafter, prompt, NEW_TOKENS, stop_ids=stop_ids, runner=runner)
         assert fast.new_ids == plain.new_ids
         committed, passes = committed + sum(fast.acceptance_lengths), passes + fast.steps
     assert committed / passes > 3.0

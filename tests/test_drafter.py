@@ -10,7 +10,9 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from dflash.drafter import Drafter, default_target_layer_ids
-from dflash.qwen3 import CheckpointError, Qwen3
+from dflash.checkpoint import CheckpointError
+from dflash.qwen3 import Qwen3
+from tests.reference import as_the_reference_was_made
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TARGET, DRAFTER = FIXTURES / "qwen3-tiny-sharded", FIXTURES / "dflash-tiny"
@@ -18,8 +20,9 @@ TARGET, DRAFTER = FIXTURES / "qwen3-tiny-sharded", FIXTURES / "dflash-tiny"
 
 @pytest.fixture(scope="module")
 def pair():
-    target = Qwen3.from_pretrained(TARGET)
-    return target, Drafter.from_pretrained(DRAFTER, target=target), load_file(DRAFTER / "reference.safetensors")
+    target = as_the_reference_was_made(Qwen3.from_pretrained(TARGET))
+    drafter = as_the_reference_was_made(Drafter.from_pretrained(DRAFTER, target=target))
+    return target, drafter, load_file(DRAFTER / "reference.safetensors")
 
 
 def split_positions(ref):
@@ -53,8 +56,9 @@ def test_cached_context_gives_the_same_draft(pair):
     context_positions, block_positions = split_positions(ref)
     features, block = ref["context_features"], target.embed_tokens(ref["block_ids"])
     cache = drafter.new_cache(64)
-    drafter(features[:, :6], block, context_positions[:6], block_positions - 5, cache=cache)
-    cache.trim(6)  # drop the first block: only the context stays
+    first_block = block_positions - block_positions[0] + 6  # right after the first 6 context positions
+    drafter(features[:, :6], block, context_positions[:6], first_block, cache=cache)
+    cache.extend(6)  # keep the context; the block's slots were scratch
     hidden = drafter(features[:, 6:], block, context_positions[6:], block_positions, cache=cache)
     assert (hidden - ref["draft_hidden"]).abs().max() <= 1e-4
 

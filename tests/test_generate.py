@@ -8,7 +8,8 @@ from safetensors.torch import load_file
 
 from dflash.drafter import Drafter, DrafterConfig
 from dflash.qwen3 import Qwen3
-from generate import Steps, generate_autoregressive, generate_dflash
+from tests.reference import as_the_reference_was_made
+from generate import ModelRunner, generate_autoregressive, generate_dflash
 
 FIXTURES = Path(__file__).parent / "fixtures"
 torch.set_num_threads(1)  # these models are tiny: a second thread only adds contention
@@ -30,33 +31,33 @@ def random_drafter(target: Qwen3, block_size: int, seed: int = 0, num_layers: in
     return drafter.eval()
 
 
-def oracle(steps: Steps, truth: list[int], wrong_at=lambda position: False) -> list[list[bool]]:
-    """Make `steps` draft the target's own greedy continuation `truth` (prompt included).
+def oracle(runner: ModelRunner, truth: list[int], wrong_at=lambda position: False) -> list[list[bool]]:
+    """Make `runner` draft the target's own greedy continuation `truth` (prompt included).
 
     The real draft pass still runs (it keeps the drafter cache in step); its guesses
     are then replaced by the truth, except at positions where `wrong_at` says to
     guess wrong. Returns the list that records which slots were right, per step.
     """
-    real_draft, record, vocab = steps.draft, [], steps.target.config.vocab_size
+    real_draft, record, vocab = runner.draft, [], runner.target.config.vocab_size
 
-    def draft(context_features, context_start, last_token, start):
-        real_draft(context_features, context_start, last_token, start)
+    def draft(context_features, last_token, start):
+        real_draft(context_features, last_token, start)
         guesses, right = [], []
-        for position in range(start + 1, start + steps.block_size):
+        for position in range(start + 1, start + runner.block_size):
             true = truth[position]
             guesses.append((true + 1) % vocab if wrong_at(position) else true)
             right.append(guesses[-1] == true)
         record.append(right)
         return torch.tensor(guesses)
 
-    steps.draft = draft
+    runner.draft = draft
     return record
 
 
 @pytest.fixture(scope="module")
 def sharded_pair():
-    target = Qwen3.from_pretrained(FIXTURES / "qwen3-tiny-sharded")
-    return target, Drafter.from_pretrained(FIXTURES / "dflash-tiny", target=target)
+    target = as_the_reference_was_made(Qwen3.from_pretrained(FIXTURES / "qwen3-tiny-sharded"))
+    return target, as_the_reference_was_made(Drafter.from_pretrained(FIXTURES / "dflash-tiny", target=target))
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +76,9 @@ def test_matches_the_authors_speculative_output(sharded_pair):
     prompt = reference["prompt"][0].tolist()
     result = generate_dflash(target, drafter, prompt, 48, block_size=8)
     assert prompt + result.new_ids == reference["spec_output"][0].tolist()
-    assert result.acceptance_lengths == reference["acceptance_lengths"].tolist()
+    # The authors' loop runs one more verification once the 48 tokens are in (the
+    # prefill gave the first): ours stops, so its steps are theirs without the last.
+    assert result.acceptance_lengths == reference["acceptance_lengths"].tolist()[:-1]
 
 
 def test_autoregressive_matches_the_reference_greedy_output(sharded_pair):
@@ -84,7 +87,7 @@ def test_autoregressive_matches_the_reference_greedy_output(sharded_pair):
     prompt = reference["greedy_prompt"][0].tolist()
     result = generate_autoregressive(target, prompt, 40)
     assert prompt + result.new_ids == reference["greedy_output"][0].tolist()
-    assert result.acceptance_lengths == [1] * 40 and result.mean_acceptance == 1.0
+    assert result.acceptance_lengths == [1] * 39 and result.mean_acceptance == 1.0  # the prefill gave one
 
 
 SWEEP = [("sharded", length, block) for length in (1, 7, 40) for block in range(2, 9)] + [
@@ -104,10 +107,10 @@ def test_oracle_drafts_commit_many_tokens_and_change_nothing(tiny_pair, block_si
     target, drafter = tiny_pair
     prompt, new = prompt_of(7, target.config.vocab_size), 30
     truth = prompt + generate_autoregressive(target, prompt, new + block_size).new_ids
-    steps = Steps(target, drafter, max_length=len(prompt) + new + block_size, block_size=block_size)
-    oracle(steps, truth, wrong_at=lambda position: position % 7 == 3)
+    runner = ModelRunner(target, drafter, max_length=len(prompt) + new + block_size, block_size=block_size)
+    oracle(runner, truth, wrong_at=lambda position: position % 7 == 3)
     flags = []
-    result = generate_dflash(target, drafter, prompt, new, steps=steps,
+    result = generate_dflash(target, drafter, prompt, new, runner=runner,
                              on_token=lambda token, drafted: flags.append(drafted))
     assert result.new_ids == truth[len(prompt):len(prompt) + new]
     assert max(result.acceptance_lengths) > 1 and len(set(result.acceptance_lengths)) > 1
@@ -119,10 +122,10 @@ def test_perfect_drafts_commit_whole_blocks(tiny_pair):
     target, drafter = tiny_pair
     prompt, new, block_size = prompt_of(7, target.config.vocab_size), 32, 8
     truth = prompt + generate_autoregressive(target, prompt, new + block_size).new_ids
-    steps = Steps(target, drafter, max_length=len(prompt) + new + block_size, block_size=block_size)
-    oracle(steps, truth)
+    runner = ModelRunner(target, drafter, max_length=len(prompt) + new + block_size, block_size=block_size)
+    oracle(runner, truth)
     flags = []
-    result = generate_dflash(target, drafter, prompt, new, steps=steps,
+    result = generate_dflash(target, drafter, prompt, new, runner=runner,
                              on_token=lambda token, drafted: flags.append(drafted))
     assert result.new_ids == truth[len(prompt):len(prompt) + new]
     assert result.acceptance_lengths == [block_size] * 4  # 1 prefill token + 4 blocks of 8, cut to 32
@@ -136,10 +139,10 @@ def test_stops_mid_block_at_a_stop_token(sharded_pair):
     new_ids = truth[len(prompt):len(prompt) + 24]
     cut = next(i for i in range(len(new_ids)) if new_ids[i] not in new_ids[:i] and i % block_size in range(2, 7))
     stop = new_ids[cut]  # first seen at a drafted slot, inside a block
-    steps = Steps(target, drafter, max_length=len(prompt) + 24 + block_size, block_size=block_size)
-    oracle(steps, truth)
+    runner = ModelRunner(target, drafter, max_length=len(prompt) + 24 + block_size, block_size=block_size)
+    oracle(runner, truth)
     streamed = []
-    result = generate_dflash(target, drafter, prompt, 24, steps=steps, stop_ids=[stop],
+    result = generate_dflash(target, drafter, prompt, 24, runner=runner, stop_ids=[stop],
                              on_token=lambda token, drafted: streamed.append(token))
     assert result.new_ids == new_ids[:cut + 1] == streamed
     assert result.steps == 1 + (cut - 1) // block_size
@@ -150,15 +153,15 @@ def test_stops_mid_block_at_a_stop_token(sharded_pair):
 def test_trimming_never_leaks_a_rejected_token(sharded_pair):
     target, drafter = sharded_pair
     prompt = prompt_of(9, target.config.vocab_size)
-    steps = Steps(target, drafter, max_length=40)
-    logits, features = steps.prefill(torch.tensor([prompt]))
+    runner = ModelRunner(target, drafter, max_length=40)
+    logits, features = runner.prefill(torch.tensor([prompt]))
     first = logits[0].argmax()
     n = len(prompt)
-    steps.draft(features, 0, first, n)
-    logits, _ = steps.verify(torch.full((steps.block_size - 1,), 5), n)  # garbage drafts at n+1...
+    runner.draft(features, first, n)
+    logits, _ = runner.verify(torch.full((runner.block_size - 1,), 5))  # garbage drafts at n+1...
     bonus = logits[0].argmax()  # the target's token after `first`: drafts all rejected
-    steps.target_cache.trim(n + 1)
-    cached = steps.decode(bonus, n + 1)  # (1, vocab)
+    runner.target_cache.trim(n + 1)
+    cached = runner.decode(bonus)  # (1, vocab), at position n + 1
     committed = torch.tensor([prompt + [first.item(), bonus.item()]])  # (1, n + 2)
     fresh = target(committed)[:, -1]  # (1, vocab): no cache at all
     assert (cached - fresh).abs().max() <= 1e-5
@@ -172,8 +175,58 @@ def test_trimming_never_leaks_a_rejected_token(sharded_pair):
     lambda t, d: generate_dflash(t, d, [1, 2], 5, block_size=9),
     lambda t, d: generate_dflash(t, d, [1, 10_000], 5),
     lambda t, d: generate_autoregressive(t, [1, 2], 5000),
-    lambda t, d: generate_dflash(t, d, [1, 2], 50, steps=Steps(t, d, max_length=20)),
+    lambda t, d: generate_dflash(t, d, [1, 2], 50, runner=ModelRunner(t, d, max_length=20)),
 ])
 def test_bad_requests_raise_one_clear_value_error(sharded_pair, call):
     with pytest.raises(ValueError):
         call(*sharded_pair)
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 5, 9, 17])
+def test_no_step_runs_once_the_output_is_full(sharded_pair, max_new_tokens):
+    """Both loops stop as soon as the output is full: no draft-and-verify pass for nothing."""
+    target, drafter = sharded_pair
+    prompt = prompt_of(7, target.config.vocab_size)
+    fast = generate_dflash(target, drafter, prompt, max_new_tokens, block_size=4)
+    plain = generate_autoregressive(target, prompt, max_new_tokens)
+    assert fast.new_tokens == plain.new_tokens == max_new_tokens
+    before_last_step = 1 + sum(fast.acceptance_lengths[:-1])  # tokens out before the last step began
+    assert fast.steps == 0 if max_new_tokens == 1 else before_last_step < max_new_tokens
+    assert plain.steps == max_new_tokens - 1  # one token from the prefill, one per step after it
+
+
+class CountingTokenizer:
+    """A byte-level stand-in that records how many ids every decode call was given."""
+
+    def __init__(self):
+        self.decoded_lengths = []
+
+    def decode(self, ids, skip_special_tokens=False):
+        self.decoded_lengths.append(len(ids))
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_printer_decodes_incrementally_and_waits_for_whole_characters():
+    import io
+
+    from generate import Printer
+
+    text = "déjà vu, " * 40 + "→ done"
+    ids = list(text.encode("utf-8"))  # multi-byte characters span several ids
+    tokenizer, out = CountingTokenizer(), io.StringIO()
+    printer = Printer(tokenizer, colour=False, out=out)
+    for token in ids:
+        printer(token, drafted=False)
+    assert out.getvalue() == text
+    assert max(tokenizer.decoded_lengths) <= 4  # a few ids per call, not the whole text: linear, not quadratic
+
+
+def test_printing_time_is_reported_apart(sharded_pair):
+    import time
+
+    target, drafter = sharded_pair
+    prompt = prompt_of(5, target.config.vocab_size)
+    slow_printer = lambda token, drafted: time.sleep(0.01)  # noqa: E731
+    result = generate_dflash(target, drafter, prompt, 10, block_size=4, on_token=slow_printer)
+    assert result.callback_seconds >= 0.1
+    assert result.seconds < result.callback_seconds  # ten 10 ms sleeps are not in the measured time

@@ -7,6 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from dflash.qwen3 import Qwen3
+from tests.reference import as_the_reference_was_made
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CHECKPOINTS = ["qwen3-tiny", "qwen3-tiny-sharded"]
@@ -15,7 +16,20 @@ CHECKPOINTS = ["qwen3-tiny", "qwen3-tiny-sharded"]
 @pytest.fixture(scope="module", params=CHECKPOINTS)
 def model_and_reference(request):
     folder = FIXTURES / request.param
-    return Qwen3.from_pretrained(folder), load_file(folder / "reference.safetensors")
+    return as_the_reference_was_made(Qwen3.from_pretrained(folder)), load_file(folder / "reference.safetensors")
+
+
+@torch.no_grad()
+def test_loading_keeps_float32_rope_frequencies_as_the_official_loader():
+    """A bf16 checkpoint computed in float32: the official from_pretrained does not round inv_freq."""
+    folder = FIXTURES / "qwen3-tiny-sharded"
+    loaded = load_file(folder / "loaded_reference.safetensors")  # transformers 4.57.1, from_pretrained(fp32)
+    model = Qwen3.from_pretrained(folder)
+    assert torch.equal(model.rotary.inv_freq, loaded["inv_freq"])
+    assert (model(loaded["input_ids"]) - loaded["logits"]).abs().max() <= 1e-5
+    in_bf16 = Qwen3.from_pretrained(folder, dtype=torch.bfloat16)
+    assert in_bf16.rotary.inv_freq.dtype == torch.float32
+    assert torch.equal(in_bf16.rotary.inv_freq, loaded["inv_freq"])  # the official bf16 load keeps them too
 
 
 @torch.no_grad()
@@ -33,10 +47,8 @@ def test_every_layer_matches_reference(model_and_reference):
     _, features = model(ref["input_ids"], capture_layers=range(layers))
     per_layer = features.split(model.config.hidden_size, dim=-1)
     assert (model.embed_tokens(ref["input_ids"]) - ref["hidden_states"][0]).abs().max() <= 1e-4
-    for layer in range(layers - 1):
+    for layer in range(layers):  # the last one is taken after the final norm, as the reference's
         assert (per_layer[layer] - ref["hidden_states"][layer + 1]).abs().max() <= 1e-4, layer
-    # The reference's last entry is taken after the final norm.
-    assert (model.norm(per_layer[-1]) - ref["hidden_states"][layers]).abs().max() <= 1e-4
 
 
 @torch.no_grad()
@@ -54,11 +66,12 @@ def test_greedy_continuation_matches_reference(model_and_reference):
     prompt, expected = ref["greedy_prompt"], ref["greedy_output"]
     cache = model.new_cache(expected.shape[1])
     logits = model(prompt, cache=cache, logits_at=slice(-1, None))
+    cache.extend(prompt.shape[1])
     tokens = prompt[0].tolist()
     while len(tokens) < expected.shape[1]:
         tokens.append(int(logits[0, -1].argmax()))
-        position = torch.tensor([len(tokens) - 1])
-        logits = model(torch.tensor([tokens[-1:]]), positions=position, cache=cache, num_keys=len(tokens))
+        logits = model(torch.tensor([tokens[-1:]]), cache=cache)  # right after the committed tokens
+        cache.extend(1)
     assert tokens == expected[0].tolist()
 
 
@@ -71,6 +84,27 @@ def test_logits_at_selects_positions(model_and_reference):
     assert torch.allclose(model(ref["input_ids"], logits_at=picked), full[:, picked], atol=1e-6)
 
 
+@torch.no_grad()
+def test_repeated_capture_layers_each_get_their_own_layer(model_and_reference):
+    """Drafter configs may repeat a layer ([1, 2, 2, 3]): each entry is that layer's output."""
+    model, ref = model_and_reference
+    hidden, last = model.config.hidden_size, model.config.num_hidden_layers - 1
+    _, single = model(ref["input_ids"], capture_layers=range(last + 1))
+    per_layer = single.split(hidden, dim=-1)
+    _, repeated = model(ref["input_ids"], capture_layers=[1, 0, 0, last])
+    expected = torch.cat([per_layer[1], per_layer[0], per_layer[0], per_layer[last]], dim=-1)
+    assert torch.equal(repeated, expected)
+
+
+@torch.no_grad()
+def test_captured_last_layer_is_the_official_last_hidden_state(model_and_reference):
+    """hidden_states[L] of the reference is taken after the final norm."""
+    model, ref = model_and_reference
+    last = model.config.num_hidden_layers - 1
+    _, features = model(ref["input_ids"], capture_layers=[last])
+    assert (features - ref["hidden_states"][last + 1]).abs().max() <= 1e-4
+
+
 @pytest.mark.parametrize("chunks", [[23], [10, 1, 1, 1, 10], [1] * 23, [4, 7, 12]])
 @pytest.mark.parametrize("fixed_shape", [False, True])
 @torch.no_grad()
@@ -80,13 +114,55 @@ def test_incremental_decoding_matches_full_forward(model_and_reference, chunks, 
     ids = ref["input_ids"]
     full = model(ids)
     cache = model.new_cache(32, batch=ids.shape[0])
-    start, pieces = 0, []
+    cache.fixed_shape = fixed_shape  # read the whole buffer under the position mask, as compiled passes do
+    pieces = []
     for size in chunks:
-        positions = torch.arange(start, start + size)
-        num_keys = None if fixed_shape else start + size  # whole buffer, or only the filled prefix
-        pieces.append(model(ids[:, start:start + size], positions=positions, cache=cache, num_keys=num_keys))
-        start += size
+        start = cache.length
+        pieces.append(model(ids[:, start:start + size], cache=cache))
+        cache.extend(size)
     assert (torch.cat(pieces, dim=1) - full).abs().max() <= 1e-5
+
+
+def fill_beyond_length(cache, garbage) -> None:
+    """Overwrite every slot at or after `cache.length`, in every layer, with `garbage(shape)`."""
+    for buffer in cache.keys + cache.values:
+        tail = buffer[:, :, cache.length:]
+        tail.copy_(garbage(tail.shape))
+
+
+@torch.no_grad()
+def test_eager_reads_nothing_past_the_committed_length(model_and_reference):
+    """NaN in every slot past `length`: an eager pass never reads them, so nothing changes."""
+    model, ref = model_and_reference
+    ids = ref["input_ids"][:1]
+    full = model(ids)
+    cache = model.new_cache(40)
+    model(ids[:, :12], cache=cache)
+    cache.extend(12)
+    fill_beyond_length(cache, lambda shape: torch.full(shape, float("nan")))
+    rest = model(ids[:, 12:], cache=cache)
+    assert (rest - full[:, 12:]).abs().max() <= 1e-5
+
+
+@torch.no_grad()
+def test_fixed_shape_reads_hide_every_slot_past_the_query(model_and_reference):
+    """A compiled pass reads the whole buffer: the position mask must hide what lies past the query.
+
+    The garbage here is large but finite. NaN cannot be hidden by any mask over a
+    whole-buffer read: a masked value still meets the matmul with weight 0, and
+    0 * NaN = NaN. Stale slots only ever hold finite keys and values of rejected
+    tokens, and the eager test above shows that NaN is never even read there.
+    """
+    model, ref = model_and_reference
+    ids = ref["input_ids"][:1]
+    full = model(ids)
+    cache = model.new_cache(40)
+    cache.fixed_shape = True
+    model(ids[:, :12], cache=cache)
+    cache.extend(12)
+    fill_beyond_length(cache, lambda shape: 1e4 * torch.randn(shape, generator=torch.Generator().manual_seed(0)))
+    rest = model(ids[:, 12:], cache=cache)
+    assert (rest - full[:, 12:]).abs().max() <= 1e-5
 
 
 @torch.no_grad()
@@ -97,23 +173,27 @@ def test_trim_forgets_rejected_tokens(model_and_reference):
     full = model(ids)
     cache = model.new_cache(40)
     model(ids[:, :12], cache=cache)
-    cache.trim(12)
+    cache.extend(12)
     wrong = torch.randint(0, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(0))
-    model(wrong, positions=torch.arange(12, 21), cache=cache)
+    model(wrong, cache=cache)
+    cache.extend(9)
     cache.trim(12)  # O(1): the wrong keys are still in memory, but can no longer be seen
-    rest = model(ids[:, 12:], positions=torch.arange(12, ids.shape[1]), cache=cache)
+    rest = model(ids[:, 12:], cache=cache)
     assert (rest - full[:, 12:]).abs().max() <= 1e-5
     assert cache.length == 12
 
 
-def test_trim_moves_a_length_only(model_and_reference):
+def test_trim_and_extend_move_a_length_only(model_and_reference):
     model, _ = model_and_reference
     cache = model.new_cache(16)
     buffers = [k.data_ptr() for k in cache.keys]
+    cache.extend(9)
     cache.trim(7)
     assert cache.length == 7 and [k.data_ptr() for k in cache.keys] == buffers
     with pytest.raises(ValueError):
         cache.trim(17)
+    with pytest.raises(ValueError):
+        cache.extend(10)
 
 
 @torch.no_grad()

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dflash.qwen3 import Qwen3, Qwen3Config
-from generate import Steps, generate_autoregressive, generate_dflash
+from generate import ModelRunner, generate_autoregressive, generate_dflash
 from tests.test_generate import random_drafter
 
 torch.set_num_threads(1)
@@ -59,22 +59,22 @@ def chi_square_p_value(counts: torch.Tensor, probabilities: torch.Tensor) -> flo
     return torch.special.gammaincc(torch.tensor(degrees / 2.0), statistic / 2).item()
 
 
-def greedy_oracle(steps, target):
-    """Make `steps` draft the greedy continuation of what was committed so far."""
-    real_draft, committed, greedy = steps.draft, [], {}
+def greedy_oracle(runner, target):
+    """Make `runner` draft the greedy continuation of what was committed so far."""
+    real_draft, committed, greedy = runner.draft, [], {}
     for length in (1, 2):  # the greedy next token after every possible 1- and 2-token start
         prefixes = list(itertools.product(range(VOCAB), repeat=length))
         best = next_token_probabilities(target, prefixes, 1.0).argmax(dim=-1).tolist()
         greedy.update(zip(prefixes, best))
 
-    def draft(context_features, context_start, last_token, start):
-        real_draft(context_features, context_start, last_token, start)
+    def draft(context_features, last_token, start):
+        real_draft(context_features, last_token, start)
         guess = tuple(committed)
         for _ in range(BLOCK - 1):
             guess += (greedy.get(guess, 0),)
         return torch.tensor(guess[len(committed):])
 
-    steps.draft = draft
+    runner.draft = draft
     return committed
 
 
@@ -88,23 +88,23 @@ def sample_counts(generate, samples=SAMPLES):
 
 def test_plain_sampling_follows_the_target(target):
     generator = torch.Generator().manual_seed(1)
-    steps = Steps(target, max_length=len(PROMPT) + 4)
+    runner = ModelRunner(target, max_length=len(PROMPT) + 4)
     counts = sample_counts(lambda: generate_autoregressive(
-        target, PROMPT, 3, temperature=TEMPERATURE, generator=generator, steps=steps).new_ids, SAMPLES // 2)
+        target, PROMPT, 3, temperature=TEMPERATURE, generator=generator, runner=runner).new_ids, SAMPLES // 2)
     assert chi_square_p_value(counts, exact_joint(target, TEMPERATURE)) > 1e-3
 
 
 def test_dflash_sampling_follows_the_target(target):
     drafter = random_drafter(target, block_size=BLOCK, num_layers=1)
     generator = torch.Generator().manual_seed(2)
-    steps = Steps(target, drafter, max_length=len(PROMPT) + 3 + BLOCK)
-    committed = greedy_oracle(steps, target)
+    runner = ModelRunner(target, drafter, max_length=len(PROMPT) + 3 + BLOCK)
+    committed = greedy_oracle(runner, target)
     lengths = []
 
     def generate():
         committed.clear()
         result = generate_dflash(target, drafter, PROMPT, 3, temperature=TEMPERATURE, generator=generator,
-                                 steps=steps, on_token=lambda token, drafted: committed.append(token))
+                                 runner=runner, on_token=lambda token, drafted: committed.append(token))
         lengths.extend(result.acceptance_lengths)
         return result.new_ids
 

@@ -1,6 +1,6 @@
 """Benchmark DFlash against plain decoding on a prompt set, in one run, on one machine.
 
-    python -m dflash.bench --model DIR --draft DIR --prompts FILE \\
+    python bench.py --model DIR --draft DIR --prompts FILE \\
         --block-sizes 4 8 16 --temperatures 0 0.7 1.0 --max-new-tokens 128
 
 Both loops run on every prompt, after a warm-up (which also compiles, when
@@ -20,31 +20,11 @@ from pathlib import Path
 
 import torch
 
+from dflash.cli import (PROMPT_FORMAT, OneLineErrors, add_device_options, encode_prompt, find_tokenizer, pick_device,
+                        pick_dtype, read_prompts, run_cli, stop_token_ids)
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
-from generate import (WEIGHTS, Generation, OneLineErrors, Steps, check_block_size, generate_autoregressive,
-                      generate_dflash, load_text_tokenizer, model_stop_ids, pick_device, pick_dtype, run_cli)
-
-
-def read_prompts(path: Path) -> list[str]:
-    """One prompt per line: a JSON string, or a JSON object with a "prompt" field (JSONL)."""
-    try:
-        lines = [line for line in Path(path).read_text().splitlines() if line.strip()]
-    except OSError as err:
-        raise ValueError(f"{path}: cannot read the prompts ({err.strerror})") from None
-    prompts = []
-    for number, line in enumerate(lines, 1):
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError:
-            raise ValueError(f"{path}:{number}: not JSON (want a JSON string or {{\"prompt\": ...}})") from None
-        prompt = item.get("prompt") if isinstance(item, dict) else item
-        if not isinstance(prompt, str) or not prompt:
-            raise ValueError(f"{path}:{number}: no prompt text on this line")
-        prompts.append(prompt)
-    if not prompts:
-        raise ValueError(f"{path}: no prompts")
-    return prompts
+from generate import WEIGHTS, Generation, ModelRunner, generate_autoregressive, generate_dflash
 
 
 def machine() -> str:
@@ -68,7 +48,7 @@ def pooled(results: list[Generation]) -> tuple[float, float]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = OneLineErrors(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+    p = OneLineErrors(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1] + "\n" + PROMPT_FORMAT,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=WEIGHTS / "tiny-qwen3")
     p.add_argument("--draft", type=Path, default=WEIGHTS / "tiny-qwen3-dflash")
@@ -77,8 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0])
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto")
+    add_device_options(p)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="default: on for CUDA, off for CPU")
     p.add_argument("--chat", action="store_true", default=None, help="default: when the tokenizer has a template")
@@ -90,28 +69,17 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args) -> int:
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
-    if args.max_new_tokens <= 0:
-        raise ValueError(f"--max-new-tokens must be positive, got {args.max_new_tokens}")
-    if any(t < 0 for t in args.temperatures):
-        raise ValueError("temperatures must be >= 0")
-    texts = read_prompts(args.prompts)
     target = Qwen3.from_pretrained(args.model, device=device, dtype=dtype)
     drafter = Drafter.from_pretrained(args.draft, target=target, device=device, dtype=dtype)
-    tokenizer = load_text_tokenizer(args.model)
-    if tokenizer is None:
-        raise ValueError(f"{args.model}: no tokenizer.json, which the prompts need")
-    chat = tokenizer.has_chat_template if args.chat is None else args.chat
-    prompts = [tokenizer.encode_chat([{"role": "user", "content": text}]) if chat else tokenizer.encode(text)
-               for text in texts]
+    tokenizer = find_tokenizer(args.model)
+    prompts = [encode_prompt(prompt, tokenizer, args.chat) for prompt in read_prompts(args.prompts)]
     block_sizes = args.block_sizes or [drafter.config.block_size]
-    for block_size in block_sizes:
-        check_block_size(drafter, block_size)
     compile = device.type == "cuda" if args.compile is None else args.compile
     mode = "reduce-overhead" if compile and device.type == "cuda" else None
     max_length = max(map(len, prompts)) + args.max_new_tokens + max(block_sizes)
-    steps = {b: Steps(target, drafter, max_length=max_length, block_size=b, compile=compile, mode=mode)
-             for b in block_sizes}
-    stop_ids = model_stop_ids(args.model, tokenizer)
+    runners = {b: ModelRunner(target, drafter, max_length=max_length, block_size=b, compile=compile, mode=mode)
+               for b in block_sizes}
+    stop_ids = stop_token_ids(args.model, tokenizer)
     conditions = (f"{machine()}; device {device}, {str(dtype).removeprefix('torch.')}, batch 1, "
                   f"compile {'on' if compile else 'off'}, {len(prompts)} prompts, "
                   f"max {args.max_new_tokens} new tokens, block sizes {block_sizes}, temperatures {args.temperatures}")
@@ -120,13 +88,13 @@ def run(args) -> int:
     def baseline(prompt, temperature, max_new_tokens=args.max_new_tokens):
         generator = torch.Generator(device).manual_seed(args.seed)
         return generate_autoregressive(target, prompt, max_new_tokens, temperature=temperature, stop_ids=stop_ids,
-                                       generator=generator, steps=steps[block_sizes[0]])
+                                       generator=generator, runner=runners[block_sizes[0]])
 
     def dflash(prompt, temperature, block_size, max_new_tokens=args.max_new_tokens):
         generator = torch.Generator(device).manual_seed(args.seed)
         return generate_dflash(target, drafter, prompt, max_new_tokens, block_size=block_size,
                                temperature=temperature, stop_ids=stop_ids, generator=generator,
-                               steps=steps[block_size])
+                               runner=runners[block_size])
 
     warm_up = min(args.max_new_tokens, 4 * max(block_sizes) + 4)  # compiles, and records CUDA graphs
     baseline(prompts[0], 0.0, warm_up)

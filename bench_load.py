@@ -1,6 +1,6 @@
 """Benchmark: peak memory while loading a large bf16 checkpoint, relative to its size on disk.
 
-    python -m dflash.bench_load --hidden 2048 --layers 16
+    python bench_load.py --hidden 2048 --layers 16
 
 Writes a synthetic Qwen3 checkpoint in the official layout (random bf16 weights,
 optionally sharded) into a temporary folder, then loads it in a fresh process with
@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from dflash.cli import OneLineErrors
 from dflash.qwen3 import Qwen3, Qwen3Config, official_names
 
 MEASURE = r"""
@@ -43,8 +44,8 @@ def write_synthetic_checkpoint(folder: Path, config: Qwen3Config, shards: int) -
     from safetensors.torch import save_file
 
     with torch.device("meta"):
-        names = official_names(Qwen3(config))
-        shapes = {official: Qwen3(config).get_parameter(ours).shape for official, ours in names.items()}
+        model = Qwen3(config)
+    shapes = {official: model.get_parameter(ours).shape for official, ours in official_names(config).items()}
     order = list(shapes)
     per_shard = -(-len(order) // shards)  # ceiling division
     weight_map, total = {}, 0
@@ -63,7 +64,7 @@ def write_synthetic_checkpoint(folder: Path, config: Qwen3Config, shards: int) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrors(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--hidden", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--vocab", type=int, default=32768)
