@@ -19,20 +19,22 @@ Outputs (in `--out`, default `weights/tiny-qwen3/`, the demo target's folder):
   tokenizer_config.json   the special tokens, as in a Hugging Face checkpoint folder
   generation_config.json  the end-of-text id generation stops on; greedy decoding
 
-Usage:  python weights/train_tokenizer.py [--vocab-size 4096]
-Then:   python weights/tokenize_corpus.py   (the corpus as token ids)
+Usage:  python recipes/tiny/train_tokenizer.py [--vocab-size 4096]   (after build_corpus.py)
+Then:   python recipes/tiny/tokenize_corpus.py   (the corpus as token ids)
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-HERE = Path(__file__).parent
+from paths import CORPUS, WEIGHTS, require  # also puts the repository root on sys.path, for dflash
+from dflash.checkpoint import write_json_atomically
+from dflash.cli import OneLineErrors, run_cli
+
 END_OF_TEXT, MASK = "<|endoftext|>", "<|mask|>"
 SPECIAL_TOKENS = [END_OF_TEXT, MASK]  # their order gives their ids: 0 and 1
 
@@ -91,8 +93,8 @@ def write_folder_configs(folder: Path, tokenizer: Tokenizer) -> None:
         "tokenizer_class": "PreTrainedTokenizerFast",
     }
     generation_config = {"eos_token_id": eos, "pad_token_id": eos, "do_sample": False}
-    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2) + "\n")
-    (folder / "generation_config.json").write_text(json.dumps(generation_config, indent=2) + "\n")
+    write_json_atomically(folder / "tokenizer_config.json", tokenizer_config)
+    write_json_atomically(folder / "generation_config.json", generation_config)
 
 
 def check_round_trip(tokenizer: Tokenizer, documents: list[str], count: int) -> None:
@@ -113,23 +115,22 @@ def tokens_per_byte(tokenizer: Tokenizer, documents: list[str]) -> float:
     return tokens / sum(len(doc.encode("utf-8")) for doc in documents)
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineErrors(description=__doc__.split("\n\n")[0],
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--vocab-size", type=int, default=4096, help="tokens in the vocabulary, specials included")
-    parser.add_argument("--corpus", type=Path, default=HERE / "work" / "corpus",
+    parser.add_argument("--corpus", type=Path, default=CORPUS,
                         help="folder with train.txt and heldout.txt")
-    parser.add_argument("--out", type=Path, default=HERE / "tiny-qwen3",
+    parser.add_argument("--out", type=Path, default=WEIGHTS / "tiny-qwen3",
                         help="folder for tokenizer.json and the two configs")
     parser.add_argument("--check-files", type=int, default=5, help="held-out files to round-trip")
-    return parser.parse_args()
+    return parser
 
 
-def main() -> None:
-    args = parse_args()
+def main(args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    train_docs = read_documents(args.corpus / "train.txt")
-    heldout_docs = read_documents(args.corpus / "heldout.txt")
+    train_docs = read_documents(require(args.corpus / "train.txt", "recipes/tiny/build_corpus.py"))
+    heldout_docs = read_documents(require(args.corpus / "heldout.txt", "recipes/tiny/build_corpus.py"))
     tokenizer = new_tokenizer()
     train(tokenizer, train_docs, args.vocab_size)
     check_special_ids(tokenizer)
@@ -140,7 +141,8 @@ def main() -> None:
           f"in {time.perf_counter() - start:.1f} s -> {args.out / 'tokenizer.json'}")
     check_round_trip(tokenizer, heldout_docs, args.check_files)
     print(f"held-out: {tokens_per_byte(tokenizer, heldout_docs):.3f} tokens per byte")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_cli(build_parser(), main))

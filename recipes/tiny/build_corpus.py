@@ -23,17 +23,17 @@ the model writes code it has never seen, not how well it remembers the rest of a
 file it trained on. Paths are sorted before the seeded shuffle, so the split does
 not depend on the order the file system lists directories in.
 
-Outputs (in `--out`, default `weights/work/corpus/`):
+Outputs (in `--out`, default `recipes/tiny/work/corpus/`, git-ignored scratch):
   train.txt, heldout.txt  every file's text followed by `<|endoftext|>` and a newline
   split.json              the relative paths in each part, plus the settings used
 
-Usage:  python weights/build_corpus.py [--seed 0] [--heldout-fraction 0.05]
+Usage:  python recipes/tiny/build_corpus.py [--seed 0] [--heldout-fraction 0.05]
+Then:   python recipes/tiny/train_tokenizer.py
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import re
 import sysconfig
@@ -41,6 +41,10 @@ import time
 from pathlib import Path
 
 from tqdm import tqdm
+
+from paths import CORPUS  # also puts the repository root on sys.path, for dflash
+from dflash.checkpoint import write_json_atomically
+from dflash.cli import OneLineErrors, UsageError, run_cli
 
 END_OF_TEXT = "<|endoftext|>"  # the tokenizer maps this literal string to its special id
 
@@ -157,20 +161,23 @@ def write_part(path: Path, paths: list[str], texts: dict[str, str]) -> int:
 # --------------------------------------------------------------------------- main
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineErrors(description=__doc__.split("\n\n")[0],
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--stdlib", type=Path, default=Path(sysconfig.get_paths()["stdlib"]),
-                        help="standard library folder to read (default: this interpreter's)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "work" / "corpus",
+                        help="standard library folder to read")
+    parser.add_argument("--out", type=Path, default=CORPUS,
                         help="output folder")
     parser.add_argument("--seed", type=int, default=0, help="seed of the file shuffle")
     parser.add_argument("--heldout-fraction", type=float, default=0.05, help="share of files held out")
-    return parser.parse_args()
+    return parser
 
 
-def main() -> None:
-    args = parse_args()
+def main(args: argparse.Namespace) -> int:
+    if not args.stdlib.is_dir():
+        raise UsageError(f"--stdlib {args.stdlib}: not a folder")
+    if not 0 < args.heldout_fraction < 1:
+        raise UsageError(f"--heldout-fraction must be between 0 and 1, got {args.heldout_fraction}")
     start = time.perf_counter()
     texts, skipped = collect(args.stdlib)
     train, heldout = split_files(list(texts), args.heldout_fraction, args.seed)
@@ -187,13 +194,14 @@ def main() -> None:
         "train": train,
         "heldout": heldout,
     }
-    (args.out / "split.json").write_text(json.dumps(split, indent=1) + "\n")
+    write_json_atomically(args.out / "split.json", split)
     print(f"stdlib: {args.stdlib}")
     print("skipped: " + ", ".join(f"{n} {reason}" for reason, n in sorted(skipped.items())))
     for name, paths in (("train", train), ("heldout", heldout)):
         print(f"{name:>8}: {len(paths):5d} files, {sizes[name] / 1e6:6.2f} MB -> {args.out / (name + '.txt')}")
     print(f"done in {time.perf_counter() - start:.1f} s")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_cli(build_parser(), main))

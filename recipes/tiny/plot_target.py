@@ -6,7 +6,8 @@ fixed windows of files the model never saw, says whether it learned Python
 rather than memorised the standard library. A gap that keeps growing would mean
 over-fitting; on this corpus and budget the two should stay close.
 
-Usage:  python weights/plot_target.py [--log weights/work/target_log.json] [--out weights/tiny-qwen3-training.png]
+Usage:  python recipes/tiny/plot_target.py [--log recipes/tiny/work/target_log.json]
+                                           [--out weights/tiny-qwen3-training.png]
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ import matplotlib
 matplotlib.use("Agg")  # write a file; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
-HERE = Path(__file__).parent
+from paths import WEIGHTS, WORK, require  # noqa: E402  (also puts the repository root on sys.path, for dflash)
+from dflash.cli import OneLineErrors, run_cli  # noqa: E402
 
 
 def read_curves(log_path: Path) -> dict[str, tuple[list[int], list[float]]]:
     """(steps, losses) for each curve; entries without a value for a curve are skipped."""
-    log = json.loads(log_path.read_text())
+    log = json.loads(require(log_path, "recipes/tiny/train_target.py").read_text())
     curves = {}
     for key in ("train_loss", "heldout_loss"):
         points = [(e["step"], e[key]) for e in log if e.get(key) is not None]
@@ -48,23 +50,23 @@ def plot(curves: dict, out: Path, title: str) -> None:
     plt.close(figure)
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--log", type=Path, default=HERE / "work" / "target_log.json")
-    parser.add_argument("--out", type=Path, default=HERE / "tiny-qwen3-training.png")
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineErrors(description=__doc__.split("\n\n")[0],
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--log", type=Path, default=WORK / "target_log.json")
+    parser.add_argument("--out", type=Path, default=WEIGHTS / "tiny-qwen3-training.png")
     parser.add_argument("--title", default="tiny Qwen3 trained on the Python standard library")
-    return parser.parse_args()
+    return parser
 
 
-def main() -> None:
-    args = parse_args()
+def main(args: argparse.Namespace) -> int:
     curves = read_curves(args.log)
     plot(curves, args.out, args.title)
     steps, heldout = curves["heldout_loss"]
     final = f"{heldout[-1]:.3f} nats at step {steps[-1]} ({heldout[-1] / math.log(2):.2f} bits/token)" if heldout else "none"
     print(f"wrote {args.out}; final held-out loss: {final}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_cli(build_parser(), main))

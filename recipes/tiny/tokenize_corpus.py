@@ -12,7 +12,8 @@ Cutting right after an `<|endoftext|>` changes nothing: a special token is alway
 a boundary, so the ids of the pieces, concatenated, are the ids of the whole.
 We check that anyway, by decoding the array back and comparing with the text.
 
-Usage:  python weights/tokenize_corpus.py   (after build_corpus.py and train_tokenizer.py)
+Usage:  python recipes/tiny/tokenize_corpus.py   (after build_corpus.py and train_tokenizer.py)
+Then:   python recipes/tiny/train_target.py
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import numpy as np
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-HERE = Path(__file__).parent
+from paths import CORPUS, WEIGHTS, require  # also puts the repository root on sys.path, for dflash
+from dflash.cli import OneLineErrors, UsageError, run_cli
+
 END_OF_TEXT = "<|endoftext|>"
 
 
@@ -56,35 +59,35 @@ def check_exact(tokenizer: Tokenizer, ids: np.ndarray, text: str, name: str) -> 
 
 def tokenize_part(tokenizer: Tokenizer, corpus: Path, name: str, batch_size: int) -> tuple[int, int]:
     """Write `<name>.bin` from `<name>.txt`; return (bytes of text, tokens)."""
-    text = (corpus / f"{name}.txt").read_text(encoding="utf-8")
+    text = require(corpus / f"{name}.txt", "recipes/tiny/build_corpus.py").read_text(encoding="utf-8")
     ids = encode(tokenizer, split_after_end_of_text(text), batch_size, name)
     check_exact(tokenizer, ids, text, name)
     ids.tofile(corpus / f"{name}.bin")
     return len(text.encode("utf-8")), len(ids)
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--corpus", type=Path, default=HERE / "work" / "corpus",
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineErrors(description=__doc__.split("\n\n")[0],
+                           formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--corpus", type=Path, default=CORPUS,
                         help="folder with train.txt and heldout.txt; the .bin files go here too")
-    parser.add_argument("--tokenizer", type=Path, default=HERE / "tiny-qwen3" / "tokenizer.json")
+    parser.add_argument("--tokenizer", type=Path, default=WEIGHTS / "tiny-qwen3" / "tokenizer.json")
     parser.add_argument("--batch-size", type=int, default=32, help="files per encode_batch call")
-    return parser.parse_args()
+    return parser
 
 
-def main() -> None:
-    args = parse_args()
-    tokenizer = Tokenizer.from_file(str(args.tokenizer))
+def main(args: argparse.Namespace) -> int:
+    tokenizer = Tokenizer.from_file(str(require(args.tokenizer, "recipes/tiny/train_tokenizer.py")))
     if tokenizer.get_vocab_size() > np.iinfo(np.uint16).max + 1:
-        raise SystemExit(f"vocabulary of {tokenizer.get_vocab_size()} does not fit in uint16")
+        raise UsageError(f"vocabulary of {tokenizer.get_vocab_size()} does not fit in uint16")
     for name in ("train", "heldout"):
         start = time.perf_counter()
         num_bytes, num_tokens = tokenize_part(tokenizer, args.corpus, name, args.batch_size)
         print(f"{name:>8}: {num_bytes / 1e6:6.2f} MB -> {num_tokens:10,d} tokens "
               f"({num_tokens / num_bytes:.3f} tokens/byte) in {time.perf_counter() - start:.1f} s "
               f"-> {args.corpus / (name + '.bin')}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_cli(build_parser(), main))

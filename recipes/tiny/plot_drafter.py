@@ -1,6 +1,6 @@
 """Plot a drafter's training curve from train.py's log: loss, and the tau estimate.
 
-    python weights/plot_drafter.py --log weights/tiny-qwen3-dflash/train_log.jsonl
+    python recipes/tiny/plot_drafter.py --log weights/tiny-qwen3-dflash/train_log.jsonl
 
 The loss is the decayed-weight cross-entropy over block slots; the tau estimate is
 1 + sum_k prod_{i<=k} acc_i from the per-slot accuracies (see train.estimated_tau):
@@ -19,15 +19,20 @@ import matplotlib
 matplotlib.use("Agg")  # write a file; no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 
-HERE = Path(__file__).parent
+from paths import WEIGHTS, require  # noqa: E402  (also puts the repository root on sys.path, for dflash)
+from dflash.cli import OneLineErrors, run_cli  # noqa: E402
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--log", type=Path, default=HERE / "tiny-qwen3-dflash" / "train_log.jsonl")
-    parser.add_argument("--out", type=Path, default=HERE / "tiny-qwen3-dflash-training.png")
-    args = parser.parse_args()
-    entries = [json.loads(line) for line in args.log.read_text().splitlines() if line.strip()]
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineErrors(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--log", type=Path, default=WEIGHTS / "tiny-qwen3-dflash" / "train_log.jsonl")
+    parser.add_argument("--out", type=Path, default=WEIGHTS / "tiny-qwen3-dflash-training.png")
+    return parser
+
+
+def main(args: argparse.Namespace) -> int:
+    log = require(args.log, "train.py")
+    entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     trained = [e for e in entries if "loss" in e and e["step"] > 10]  # the first log line is the init's spike
     figure, (loss_axes, tau_axes) = plt.subplots(1, 2, figsize=(10, 4), dpi=120)
     loss_axes.plot([e["step"] for e in trained], [e["loss"] for e in trained], color="tab:blue")
@@ -45,7 +50,8 @@ def main() -> None:
     figure.tight_layout()
     figure.savefig(args.out)
     print(f"wrote {args.out}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_cli(build_parser(), main))

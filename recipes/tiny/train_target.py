@@ -1,6 +1,6 @@
-"""Step 3 of the demo pair: train the tiny Qwen3 target with a plain next-token loop.
+"""Train the tiny Qwen3 demo target with a plain next-token loop (after tokenize_corpus.py).
 
-    python weights/train_target.py --minutes 40 --seed 0
+    python recipes/tiny/train_target.py --minutes 40 --seed 0
 
 The model is a real Qwen3 (grouped-query attention, q/k norm, `head_dim` decoupled
 from `hidden_size`, tied embeddings), only small enough to train on a laptop CPU.
@@ -9,7 +9,8 @@ linear warm-up then cosine decay, gradient clipping. By default the schedule
 follows the clock (`--minutes`), so the run ends on time however busy the CPU is;
 `--steps` fixes the step count instead, for a bit-reproducible run.
 A checkpoint (model, optimizer, RNG, step) is written atomically every few
-minutes; `--resume` continues from it. The result is saved in the official layout.
+minutes (to `recipes/tiny/work/target_state.pt`, scratch); `--resume` continues
+from it. The result is saved in the official layout, to `weights/tiny-qwen3/`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -27,10 +27,10 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from dflash.qwen3 import Qwen3, Qwen3Config, write_atomically  # noqa: E402
-
-HERE = Path(__file__).parent
+from paths import CORPUS, WEIGHTS, WORK, require  # also puts the repository root on sys.path, for dflash
+from dflash.checkpoint import write_atomically, write_json_atomically
+from dflash.cli import OneLineErrors, UsageError, run_cli
+from dflash.qwen3 import Qwen3, Qwen3Config
 
 
 def build_model(vocab_size: int, args) -> Qwen3:
@@ -56,7 +56,12 @@ def random_windows(tokens: np.ndarray, batch: int, length: int, generator: torch
 
 
 def learning_rate(done: float, peak: float, warmup: float) -> float:
-    """Linear warm-up over the first `warmup` fraction of training, then cosine down to 10 %."""
+    """Linear warm-up over the first `warmup` fraction of training, then cosine down to 10 %.
+
+    Not `train.py`'s `cosine_with_warmup`: this schedule follows the fraction of the
+    run done (of the time budget, or of `--steps`), not a step count known in advance,
+    and it ends at 10 % of the peak rather than 0.
+    """
     if done < warmup:
         return peak * max(done, 1e-3) / warmup
     progress = (done - warmup) / (1 - warmup)
@@ -95,12 +100,12 @@ def save_state(path: Path, model, optimizer, step, total, generator, log) -> Non
     write_atomically(path, lambda tmp: torch.save(state, tmp))
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--corpus", type=Path, default=HERE / "work" / "corpus")
-    parser.add_argument("--tokenizer", type=Path, default=HERE / "tiny-qwen3" / "tokenizer.json")
-    parser.add_argument("--out", type=Path, default=HERE / "tiny-qwen3")
-    parser.add_argument("--work", type=Path, default=HERE / "work")
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineErrors(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--corpus", type=Path, default=CORPUS)
+    parser.add_argument("--tokenizer", type=Path, default=WEIGHTS / "tiny-qwen3" / "tokenizer.json")
+    parser.add_argument("--out", type=Path, default=WEIGHTS / "tiny-qwen3")
+    parser.add_argument("--work", type=Path, default=WORK, help="scratch: resume state and log")
     parser.add_argument("--minutes", type=float, default=40.0, help="time budget; the schedule follows the clock")
     parser.add_argument("--steps", type=int, default=None, help="a fixed step count instead (bit-reproducible)")
     parser.add_argument("--seed", type=int, default=0)
@@ -118,13 +123,16 @@ def main() -> None:
     parser.add_argument("--max-positions", type=int, default=1024)
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--resume", action="store_true")
-    args = parser.parse_args()
+    return parser
 
+
+def main(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    train = np.fromfile(args.corpus / "train.bin", dtype=np.uint16)
-    heldout_tokens = np.fromfile(args.corpus / "heldout.bin", dtype=np.uint16)
-    vocab_size = Tokenizer.from_file(str(args.tokenizer)).get_vocab_size()
+    train = np.fromfile(require(args.corpus / "train.bin", "recipes/tiny/tokenize_corpus.py"), dtype=np.uint16)
+    heldout_tokens = np.fromfile(require(args.corpus / "heldout.bin", "recipes/tiny/tokenize_corpus.py"),
+                                 dtype=np.uint16)
+    vocab_size = Tokenizer.from_file(str(require(args.tokenizer, "recipes/tiny/train_tokenizer.py"))).get_vocab_size()
     model = build_model(vocab_size, args)
     optimizer = make_optimizer(model, args.lr)
     generator = torch.Generator().manual_seed(args.seed)
@@ -136,6 +144,8 @@ def main() -> None:
 
     step, log, total = 0, [], args.steps
     if args.resume:
+        if not state_path.is_file():
+            raise UsageError(f"--resume: {state_path} not found (no earlier run to continue)")
         state = torch.load(state_path, weights_only=True)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
@@ -177,10 +187,11 @@ def main() -> None:
     log[-1]["heldout_loss"] = heldout_loss(model, heldout)
     save_state(state_path, model, optimizer, step, total, generator, log)
     model.save_pretrained(args.out, dtype=torch.float32)
-    write_atomically(args.work / "target_log.json", lambda tmp: Path(tmp).write_text(json.dumps(log)))
+    write_json_atomically(args.work / "target_log.json", log)
     print(f"saved {args.out}: held-out loss {log_heldout(log):.3f} after {step} steps, "
           f"{log[-1]['elapsed'] / 60:.1f} min")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_cli(build_parser(), main))

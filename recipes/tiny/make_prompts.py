@@ -1,13 +1,15 @@
-"""Step 4 of the demo pair: code openings to prompt the target with.
+"""Code openings to prompt the demo target with (after train_target.py).
 
-    python weights/make_prompts.py --seed 0
+    python recipes/tiny/make_prompts.py --seed 0
 
 Two JSONL files of `{"prompt": ...}` records, each prompt a piece of real code
 that stops right after a `def` line, where the model has a function body to write:
-- `weights/work/train_prompts.jsonl` from the *training* files: the target's own
-  continuations of these become the drafter's training data;
+- `recipes/tiny/work/train_prompts.jsonl` (scratch) from the *training* files: the
+  target's own continuations of these become the drafter's training data;
 - `weights/heldout_prompts.jsonl` from the *held-out* files (shipped): the default
-  prompt set of `python -m dflash.bench` for the demo pair, never seen in training.
+  prompt set of `python bench.py` for the demo pair, never seen in training.
+
+Then: `python make_data.py` (the target's continuations), see `recipes/tiny/README.md`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ import json
 import random
 from pathlib import Path
 
-HERE = Path(__file__).parent
+from paths import CORPUS, WEIGHTS, WORK, require  # also puts the repository root on sys.path, for dflash
+from dflash.cli import OneLineErrors, run_cli
 
 
 def openings(text: str, context_lines: int) -> list[str]:
@@ -42,21 +45,27 @@ def write_jsonl(path: Path, prompts: list[str]) -> None:
     print(f"{path}: {len(prompts)} prompts")
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--split", type=Path, default=HERE / "work" / "corpus" / "split.json")
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineErrors(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--split", type=Path, default=CORPUS / "split.json")
+    parser.add_argument("--train-out", type=Path, default=WORK / "train_prompts.jsonl")
+    parser.add_argument("--heldout-out", type=Path, default=WEIGHTS / "heldout_prompts.jsonl")
     parser.add_argument("--train-count", type=int, default=2000)
     parser.add_argument("--heldout-count", type=int, default=24)
     parser.add_argument("--context-lines", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
-    split = json.loads(args.split.read_text())
+    return parser
+
+
+def main(args: argparse.Namespace) -> int:
+    split = json.loads(require(args.split, "recipes/tiny/build_corpus.py").read_text())
     root, rng = Path(split["stdlib"]), random.Random(args.seed)
-    write_jsonl(HERE / "work" / "train_prompts.jsonl",
+    write_jsonl(args.train_out,
                 sample_prompts([root / f for f in split["train"]], args.train_count, args.context_lines, rng))
-    write_jsonl(HERE / "heldout_prompts.jsonl",
+    write_jsonl(args.heldout_out,
                 sample_prompts([root / f for f in split["heldout"]], args.heldout_count, args.context_lines, rng))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(run_cli(build_parser(), main))
