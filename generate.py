@@ -134,19 +134,30 @@ class ModelRunner:
     The caches' `length` says what is committed. Each pass writes its chunk right
     after it; `prefill`, `decode` and `verify` then extend the target cache over the
     chunk, and the DFlash loop trims the rejected tail off after verification.
+
+    The passes pick tokens themselves (greedy: the argmax inside the pass, so only
+    token ids leave it, not vocabulary-wide logits), and every output the loop keeps
+    past the next pass is copied into a buffer the runner owns. Under CUDA graphs a
+    compiled pass may reuse the memory of the outputs of the previous one, so an output
+    kept as it is (the drafts, read again after verification; the features, read by the
+    next draft) would be overwritten.
     """
 
     def __init__(self, target: Qwen3, drafter: Drafter | None = None, *, max_length: int,
                  block_size: int | None = None, compile: bool = False, backend="inductor", mode: str | None = None):
         self.target, self.drafter, self.max_length = target, drafter, max_length
         self.block_size = block_size or (drafter.config.block_size if drafter is not None else 1)
-        device = target.embed_tokens.weight.device
+        weight = target.embed_tokens.weight
         self.target_cache = target.new_cache(max_length)
         self.drafter_cache = drafter.new_cache(max_length) if drafter is not None else None
         self.layer_ids = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
         self.mask_token_id = drafter.config.mask_token_id if drafter is not None else 0
-        self.block_offsets = torch.arange(self.block_size, device=device)
-        self.block_ids = torch.zeros(1, self.block_size, dtype=torch.long, device=device)  # reused every step
+        # Buffers the runner owns, reused every step.
+        self.block_offsets = torch.arange(self.block_size, device=weight.device)
+        self.block_ids = torch.zeros(1, self.block_size, dtype=torch.long, device=weight.device)  # [last, drafts]
+        self.target_tokens = torch.zeros(self.block_size, dtype=torch.long, device=weight.device)
+        self.features = torch.zeros(1, self.block_size, len(self.layer_ids) * target.config.hidden_size,
+                                    dtype=weight.dtype, device=weight.device)  # the last verify's, for the drafter
         self.compiled = compile
         self.decode_pass, self.verify_pass, self.draft_pass = self.decode_forward, self.verify_forward, self.draft_forward
         if compile:
@@ -162,14 +173,17 @@ class ModelRunner:
     def caches(self) -> list[KVCache]:
         return [cache for cache in (self.target_cache, self.drafter_cache) if cache is not None]
 
-    # The forward passes. Only tensors vary between calls, so they compile once.
+    # The forward passes. Only tensors vary between calls (and `greedy`, a constant
+    # per run), so each compiles once per mode.
 
-    def decode_forward(self, token: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        return self.target(token, position, self.target_cache)[:, -1]  # (1, vocab)
+    def decode_forward(self, token: torch.Tensor, position: torch.Tensor, greedy: bool) -> torch.Tensor:
+        logits = self.target(token, position, self.target_cache)[0]  # (1, vocab)
+        return logits.argmax(dim=-1) if greedy else logits  # (1,) or (1, vocab)
 
-    def verify_forward(self, block_ids: torch.Tensor, positions: torch.Tensor):
+    def verify_forward(self, block_ids: torch.Tensor, positions: torch.Tensor, greedy: bool):
         logits, features = self.target(block_ids, positions, self.target_cache, capture_layers=self.layer_ids)
-        return logits[0], features  # (block, vocab), (1, block, n_layers * hidden)
+        picks = logits[0].argmax(dim=-1) if greedy else logits[0]  # (block,) or (block, vocab)
+        return picks, features  # features: (1, block, n_layers * hidden)
 
     def draft_forward(self, context_features, context_positions, block_ids, block_positions) -> torch.Tensor:
         hidden = self.drafter(context_features, self.target.embed_tokens(block_ids), context_positions,
@@ -178,11 +192,13 @@ class ModelRunner:
 
     # What the loops call.
 
-    def prefill(self, prompt: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def prefill(self, prompt: torch.Tensor, temperature: float, generator: torch.Generator | None,
+                first_token_choices: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run the prompt (1, n) through the target, eagerly (its shape changes with every prompt).
 
-        Returns the logits after its last token (1, vocab) and, for the drafter, the
-        target's features at every prompt position (1, n, F), or None without a drafter.
+        Returns the first new token (0-d) and, for the drafter, the target's features at
+        every prompt position (1, n, F), or None without a drafter. With
+        `first_token_choices` (token healing), the first token is picked among those only.
         """
         n = prompt.shape[1]
         for cache in self.caches():
@@ -191,14 +207,19 @@ class ModelRunner:
                           capture_layers=self.layer_ids, logits_at=slice(n - 1, n))
         logits, features = out if self.layer_ids else (out, None)
         self.target_cache.extend(n)
-        return logits[:, -1], features
+        logits = logits[0, -1]  # (vocab,)
+        if first_token_choices is not None:
+            allowed = torch.full_like(logits, float("-inf"))
+            allowed[torch.tensor(list(first_token_choices), device=logits.device)] = 0.0
+            logits = logits + allowed  # every other token gets probability 0
+        return sample(logits, temperature, generator), features
 
-    def decode(self, token: torch.Tensor) -> torch.Tensor:
-        """Logits (1, vocab) after `token` (a 0-d tensor), which goes right after the committed ones."""
+    def decode(self, token: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+        """The next token (0-d) after `token` (0-d), which goes right after the committed ones."""
         position = self.block_offsets[:1] + self.target_cache.length  # (1,)
-        logits = self.decode_pass(token.view(1, 1), position)
+        picks = self.decode_pass(token.view(1, 1), position, temperature == 0)
         self.target_cache.extend(1)
-        return logits
+        return picks[0].clone() if temperature == 0 else sample(picks[0], temperature, generator)
 
     def draft(self, context_features: torch.Tensor, last_token: torch.Tensor, start: int) -> torch.Tensor:
         """Guess the block after `last_token` (at position `start`): (block - 1,) token ids.
@@ -220,21 +241,24 @@ class ModelRunner:
         self.block_ids[0, 1:] = self.mask_token_id
         block_positions = self.block_offsets + start
         run = self.draft_pass if fixed else self.draft_forward  # the prompt's context: any length, eager
-        drafts = run(context_features, context_positions, self.block_ids, block_positions)
+        self.block_ids[0, 1:] = run(context_features, context_positions, self.block_ids, block_positions)
         self.drafter_cache.extend(committed)  # the context is kept; the block's slots were scratch
-        return drafts
+        return self.block_ids[0, 1:]  # (block - 1,): the drafts, in the runner's own buffer
 
-    def verify(self, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Target logits (block, vocab) and features (1, block, F) for [last token, drafts].
+    def verify(self, drafts: torch.Tensor, temperature: float, generator: torch.Generator | None):
+        """The target's token after each slot of [last token, drafts] (block,), and its features (1, block, F).
 
         The block sits right after the committed tokens, and the cache is extended over
         all of it: the loop trims the rejected tail once it knows how much was accepted.
+        Both results live in the runner's buffers until the next verify.
         """
         self.block_ids[0, 1:] = drafts
         positions = self.block_offsets + self.target_cache.length  # (block,)
-        logits, features = self.verify_pass(self.block_ids, positions)
+        picks, features = self.verify_pass(self.block_ids, positions, temperature == 0)
         self.target_cache.extend(self.block_size)
-        return logits, features
+        self.target_tokens.copy_(picks if temperature == 0 else sample(picks, temperature, generator))
+        self.features.copy_(features)
+        return self.target_tokens, self.features
 
 
 # ------------------------------------------------------------------------ the loops
@@ -281,8 +305,12 @@ def synchronize(device: torch.device) -> None:
 def generate_autoregressive(target: Qwen3, prompt_ids: Sequence[int], max_new_tokens: int, *,
                             temperature: float = 0.0, stop_ids: Sequence[int] = (),
                             generator: torch.Generator | None = None, on_token: OnToken | None = None,
-                            runner: ModelRunner | None = None) -> Generation:
-    """The baseline: prefill the prompt, then one target pass per new token."""
+                            runner: ModelRunner | None = None,
+                            first_token_choices: Sequence[int] | None = None) -> Generation:
+    """The baseline: prefill the prompt, then one target pass per new token.
+
+    `first_token_choices` (from token healing) restricts the first new token to a set.
+    """
     block_size = runner.block_size if runner is not None else 1
     check_request(target, prompt_ids, max_new_tokens, temperature, runner, block_size=block_size)
     runner = runner or ModelRunner(target, max_length=len(prompt_ids) + max_new_tokens + 1)
@@ -290,12 +318,12 @@ def generate_autoregressive(target: Qwen3, prompt_ids: Sequence[int], max_new_to
     output = Output(max_new_tokens, stop_ids, on_token)
     synchronize(device)
     began = time.perf_counter()
-    logits, _ = runner.prefill(torch.tensor([list(prompt_ids)], device=device))  # (1, vocab)
-    token = sample(logits[0], temperature, generator)  # ()
+    prompt = torch.tensor([list(prompt_ids)], device=device)  # (1, n)
+    token, _ = runner.prefill(prompt, temperature, generator, first_token_choices)  # (): the first new token
     output.commit([token.item()], [False])
     while not output.done:
-        token = sample(runner.decode(token)[0], temperature, generator)
-        output.commit([token.item()], [False])
+        token = runner.decode(token, temperature, generator)
+        output.commit([token.item()], [False])  # the one host sync of the step
     synchronize(device)
     seconds = time.perf_counter() - began - output.callback_seconds
     return Generation(output.ids, [1] * (len(output.ids) - 1), seconds, output.callback_seconds)
@@ -305,7 +333,8 @@ def generate_autoregressive(target: Qwen3, prompt_ids: Sequence[int], max_new_to
 def generate_dflash(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int], max_new_tokens: int, *,
                     block_size: int | None = None, temperature: float = 0.0, stop_ids: Sequence[int] = (),
                     generator: torch.Generator | None = None, on_token: OnToken | None = None,
-                    runner: ModelRunner | None = None) -> Generation:
+                    runner: ModelRunner | None = None,
+                    first_token_choices: Sequence[int] | None = None) -> Generation:
     """Speculative decoding with a DFlash drafter: draft a block, verify it, keep the agreeing prefix.
 
     A draft is kept exactly when it equals the token the target itself samples at
@@ -322,20 +351,21 @@ def generate_dflash(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int], 
     output = Output(max_new_tokens, stop_ids, on_token)
     synchronize(device)
     began = time.perf_counter()
-    logits, context = runner.prefill(torch.tensor([list(prompt_ids)], device=device))  # (1, vocab), (1, n, F)
-    last = sample(logits[0], temperature, generator)  # (): committed, but not yet in the target's cache
-    output.commit([last.item()], [False])
+    prompt = torch.tensor([list(prompt_ids)], device=device)  # (1, n)
+    last, context = runner.prefill(prompt, temperature, generator, first_token_choices)  # (), (1, n, F)
+    output.commit([last.item()], [False])  # `last` is committed, but not yet in the target's cache
     start, acceptance_lengths = len(prompt_ids), []  # start: the position of `last`
     while not output.done:
         drafts = runner.draft(context, last, start)  # (block - 1,): the drafter's guesses after `last`
-        logits, context = runner.verify(drafts)  # (block, vocab), (1, block, F): [last, drafts] at start...
-        target_tokens = sample(logits, temperature, generator)  # (block,): the target's token after each slot
-        accepted = int((drafts == target_tokens[:-1]).cumprod(dim=0).sum())  # the longest agreeing prefix
-        last = target_tokens[accepted]  # the target's own token after it: the bonus
-        output.commit(drafts[:accepted].tolist() + [last.item()], [True] * accepted + [False])
+        target_tokens, context = runner.verify(drafts, temperature, generator)  # (block,), (1, block, F)
+        both = torch.cat([drafts, target_tokens]).tolist()  # the one host sync of the step
+        guessed, wanted = both[:block_size - 1], both[block_size - 1:]
+        accepted = next((k for k, (g, w) in enumerate(zip(guessed, wanted)) if g != w), block_size - 1)
+        output.commit(wanted[:accepted + 1], [True] * accepted + [False])  # accepted drafts == the target's
         acceptance_lengths.append(accepted + 1)
+        last = target_tokens[accepted]  # the target's own token after them: the bonus, next block's first
         start += accepted + 1
-        runner.target_cache.trim(start)  # O(1): keep `last` and the accepted drafts, forget the rest
+        runner.target_cache.trim(start)  # O(1): keep the block up to the new `last`, forget the rest
     synchronize(device)
     seconds = time.perf_counter() - began - output.callback_seconds
     return Generation(output.ids, acceptance_lengths, seconds, output.callback_seconds)

@@ -172,12 +172,22 @@ class Attention(nn.Module):
         return apply_rope(self.k_norm(k), cos, sin), v
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Softmax attention of q over (k, v); `mask` is True where a query may look."""
-        groups = self.num_heads // self.num_kv_heads
-        k = k.repeat_interleave(groups, dim=1)  # (batch, heads, keys, head_dim)
-        v = v.repeat_interleave(groups, dim=1)  # (batch, heads, keys, head_dim)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (batch, heads, seq, head_dim)
-        batch, _, seq, _ = out.shape
+        """Softmax attention of q over (k, v); `mask` (..., seq or 1, keys) is True where a query may look.
+
+        Query head h reads key/value head h // groups. Rather than copying every key
+        and value `groups` times (the whole cache, in every layer, every step), the
+        groups of query heads that share a key/value head are stacked along the query
+        axis: one key/value head then serves `groups * seq` query rows. Only the
+        queries (a few rows) are rearranged; keys and values are read in place.
+        """
+        batch, heads, seq, head_dim = q.shape
+        groups = heads // self.num_kv_heads
+        q = q.reshape(batch, self.num_kv_heads, groups * seq, head_dim)  # (batch, kv_heads, groups * seq, head_dim)
+        if mask is not None and mask.shape[-2] == seq and groups > 1:
+            repeats = (1,) * (mask.dim() - 2) + (groups, 1)
+            mask = mask.repeat(repeats)  # (..., groups * seq, keys): the same rows for every query head of a group
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (batch, kv_heads, groups * seq, head_dim)
+        out = out.reshape(batch, heads, seq, head_dim)  # unstack the groups: (batch, heads, seq, head_dim)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))  # (batch, seq, heads * head_dim) -> hidden
 
     def forward(self, x, cos, sin, mask, cache: "KVCache | None", layer: int, positions: torch.Tensor):

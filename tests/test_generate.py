@@ -154,14 +154,13 @@ def test_trimming_never_leaks_a_rejected_token(sharded_pair):
     target, drafter = sharded_pair
     prompt = prompt_of(9, target.config.vocab_size)
     runner = ModelRunner(target, drafter, max_length=40)
-    logits, features = runner.prefill(torch.tensor([prompt]))
-    first = logits[0].argmax()
+    first, features = runner.prefill(torch.tensor([prompt]), 0.0, None)
     n = len(prompt)
     runner.draft(features, first, n)
-    logits, _ = runner.verify(torch.full((runner.block_size - 1,), 5))  # garbage drafts at n+1...
-    bonus = logits[0].argmax()  # the target's token after `first`: drafts all rejected
+    target_tokens, _ = runner.verify(torch.full((runner.block_size - 1,), 5), 0.0, None)  # garbage drafts at n+1...
+    bonus = target_tokens[0].clone()  # the target's token after `first`: drafts all rejected
     runner.target_cache.trim(n + 1)
-    cached = runner.decode(bonus)  # (1, vocab), at position n + 1
+    cached = runner.decode_forward(bonus.view(1, 1), torch.tensor([n + 1]), greedy=False)  # (1, vocab)
     committed = torch.tensor([prompt + [first.item(), bonus.item()]])  # (1, n + 2)
     fresh = target(committed)[:, -1]  # (1, vocab): no cache at all
     assert (cached - fresh).abs().max() <= 1e-5
