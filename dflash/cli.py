@@ -202,7 +202,7 @@ def encode_prompt(prompt: Prompt, tokenizer: Tokenizer | None, chat: bool | None
         raise UsageError(f"{prompt.where}: text prompts need a tokenizer, and the checkpoint folder has none "
                          f"(give token ids instead)")
     messages = prompt.messages
-    if messages is None and (tokenizer.has_chat_template if chat is None else chat):
+    if messages is None and is_chat(prompt, tokenizer, chat):
         messages = [{"role": "user", "content": prompt.text}]
     if messages is not None:
         while messages and messages[-1].get("role") == "assistant":
@@ -213,6 +213,28 @@ def encode_prompt(prompt: Prompt, tokenizer: Tokenizer | None, chat: bool | None
     if not ids:
         raise UsageError(f"{prompt.where}: the prompt is empty")
     return ids
+
+
+def is_chat(prompt: Prompt, tokenizer: Tokenizer | None, chat: bool | None) -> bool:
+    """Whether a prompt goes through the chat template (see `encode_prompt`)."""
+    if prompt.messages is not None:
+        return True
+    if prompt.ids is not None or tokenizer is None:
+        return False
+    return tokenizer.has_chat_template if chat is None else chat
+
+
+def encode_for_generation(prompt: Prompt, tokenizer: Tokenizer | None, chat: bool | None = None,
+                          thinking: bool = False, token_healing: bool = True) -> tuple[list[int], list[int] | None]:
+    """The prompt's ids for the loops, and the first new token's choices when token healing applies.
+
+    Healing applies to raw text only: a chat prompt ends in the template's own
+    tokens, and token ids are taken as given (see `Tokenizer.heal`).
+    """
+    ids = encode_prompt(prompt, tokenizer, chat, thinking)
+    if token_healing and prompt.text is not None and not is_chat(prompt, tokenizer, chat):
+        return tokenizer.heal(ids)
+    return ids, None
 
 
 def check_token_ids(ids: Sequence[int], vocab_size: int, where: str) -> None:

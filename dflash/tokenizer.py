@@ -21,6 +21,7 @@ template, and finally the `Tokenizer` class that ties them together.
 
 from __future__ import annotations
 
+import bisect
 import gzip
 import json
 import lzma
@@ -239,6 +240,8 @@ class Tokenizer:
         # A chat model's vocabulary has the turn markers; a raw code model's does not,
         # and its prompts are passed as plain text instead.
         self.has_chat_template = raw.token_to_id(IM_START) is not None and raw.token_to_id(IM_END) is not None
+        self.special_ids = frozenset(raw.get_added_tokens_decoder())  # <|endoftext|>, <|im_start|>...
+        self._sorted_vocabulary: list[tuple[str, int]] | None = None  # built on the first `heal`
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> "Tokenizer":
@@ -268,6 +271,38 @@ class Tokenizer:
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         """Text for `ids`; keeps special tokens by default so nothing is hidden."""
         return self.raw.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def heal(self, ids: Sequence[int]) -> tuple[list[int], list[int] | None]:
+        """Token healing: (the prompt without its last token, the tokens that may replace it), or (ids, None).
+
+        A prompt that ends in the middle of what would be one token (a bare newline
+        before indentation, a trailing space, half an identifier) ends in a token the
+        model rarely saw in that place: in training text the newline came merged with
+        the indentation after it. So drop the last token, and let the first generated
+        token be any token whose text starts with the dropped text. Nothing changes
+        when no longer token starts with it, or for a special token.
+        """
+        ids = list(ids)
+        if len(ids) < 2 or ids[-1] in self.special_ids:
+            return ids, None
+        choices = self.tokens_starting_with(self.raw.id_to_token(ids[-1]))
+        return (ids[:-1], choices) if len(choices) > 1 else (ids, None)
+
+    def tokens_starting_with(self, piece: str) -> list[int]:
+        """Ids of every ordinary token whose text (in the vocabulary's own alphabet) starts with `piece`.
+
+        In a byte-level BPE vocabulary every byte is one character, so a prefix of
+        the string is a prefix of the bytes. Sorted strings put all tokens with one
+        prefix next to each other: two binary searches find them.
+        """
+        if self._sorted_vocabulary is None:
+            ordinary = {text: i for text, i in self.raw.get_vocab(with_added_tokens=False).items()
+                        if i not in self.special_ids}
+            self._sorted_vocabulary = sorted(ordinary.items())
+        texts = [text for text, _ in self._sorted_vocabulary]
+        first = bisect.bisect_left(texts, piece)
+        last = bisect.bisect_left(texts, piece + "\U0010ffff")  # just past every string that extends `piece`
+        return sorted(i for _, i in self._sorted_vocabulary[first:last])
 
     def token_to_id(self, token: str) -> int | None:
         """The id of one token written out, or None when the vocabulary lacks it."""
