@@ -1,5 +1,6 @@
-"""Fast tests of train.py: the mask, the labels, the loss weights, the anchors, the known traps,
-train/inference consistency, the chat template, resumability and the CLI's errors."""
+"""Fast tests of train.py and make_data.py: the mask, the labels, the loss weights, the anchors, the
+known traps, train/inference consistency, the chat template, data generation, resumability, the
+CLI's errors, and the bugs found in review (each test named after its bug)."""
 
 import json
 import math
@@ -7,14 +8,15 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
 import generate
+import make_data
 import train
+from dflash.cli import Prompt, UsageError, encode_prompt
 from dflash.drafter import Drafter, DrafterConfig
 from dflash.qwen3 import Qwen3, Qwen3Config
 from dflash.tokenizer import load_tokenizer
@@ -87,9 +89,9 @@ def test_tau_estimate():
 
 
 def test_anchors_valid_distinct_bounded_and_fresh():
-    loss_mask = torch.tensor([0, 0, 0, 1, 1, 1, 0, 1, 1, 1, 1, 0])
+    loss_mask = torch.tensor([0, 0, 0, 1, 1, 1, 0, 1, 1, 1, 1, 1, 1, 1, 0])
     valid = set(train.valid_anchor_positions(loss_mask).tolist())
-    assert valid == {2, 3, 4, 6, 7, 8, 9}  # a+1 is a response token inside the sequence
+    assert valid == {3, 4, 7, 8, 9, 10, 11, 12}  # x_a and x_{a+1} are both answer tokens
     generator = torch.Generator().manual_seed(0)
     draws = [train.sample_anchors(loss_mask, 4, generator).tolist() for _ in range(2000)]
     for anchors in draws:
@@ -103,7 +105,7 @@ def test_anchors_valid_distinct_bounded_and_fresh():
 
 
 def test_batch_anchors_pad_short_rows():
-    loss_mask = torch.tensor([[0, 1, 1, 1, 1, 1], [0, 0, 0, 0, 1, 0]])
+    loss_mask = torch.tensor([[0, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 0]])
     anchors, real = train.batch_anchors(loss_mask, 3, torch.Generator().manual_seed(0))
     assert anchors.shape == real.shape == (2, 3)
     assert real.tolist() == [[True] * 3, [True, False, False]]
@@ -187,7 +189,7 @@ def test_training_forward_matches_the_inference_draft():
     for j, a in enumerate(anchors[0].tolist()):
         cache = drafter.new_cache(16)
         alone = drafter(features[:, :a], embeddings[:, 4 * j:4 * j + 4], torch.arange(a), torch.arange(a, a + 4),
-                        cache=cache, num_keys=a + 4)
+                        cache=cache)
         torch.testing.assert_close(together[:, 4 * j:4 * j + 4], alone, atol=1e-5, rtol=1e-5)
 
 
@@ -199,7 +201,7 @@ def test_loss_ignores_unscored_slots_and_reports_per_slot_counts():
     train.init_drafter(drafter, 0)
     ids = torch.randint(0, 500, (1, 16), generator=torch.Generator().manual_seed(0))
     loss_mask = torch.tensor([[0] * 8 + [1] * 8])
-    anchors, real = torch.tensor([[7, 13]]), torch.tensor([[True, True]])
+    anchors, real = torch.tensor([[8, 13]]), torch.tensor([[True, True]])
     weights = train.slot_weights(4, 2.0)
     loss, correct, counted = train.drafter_loss(target, drafter, ids, loss_mask, anchors, real, config, weights)
     assert counted.tolist() == [0, 2, 2, 1]  # slot 0 never; 13+3 = 16 is past the end
@@ -216,29 +218,36 @@ def tokenizer():
     return load_tokenizer(FIXTURES / "qwen3-tokenizer")
 
 
+def prompts_file(path: Path, *records) -> Path:
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return path
+
+
 @pytest.mark.parametrize("thinking", [False, True])
-def test_data_prompts_match_the_inference_cli(tokenizer, thinking):
+def test_data_prompts_match_the_inference_cli(tmp_path, tokenizer, thinking):
+    """make_data.py renders a conversation as generate.py renders `--chat --prompt QUESTION`."""
     question = "What is a KV cache?"
-    args = SimpleNamespace(prompt=question, prompt_ids=None, chat=True, thinking=thinking, model=FIXTURES)
-    cli_ids = generate.encode_prompt(args, tokenizer)
-    record = {"messages": [{"role": "user", "content": question}]}
-    assert train.record_prompt_ids(record, tokenizer, thinking, "test") == cli_ids
-    with_answer = {"messages": record["messages"] + [{"role": "assistant", "content": "The dataset's answer."}]}
-    assert train.record_prompt_ids(with_answer, tokenizer, thinking, "test") == cli_ids  # the target answers
+    cli_ids = encode_prompt(Prompt("--prompt", text=question), tokenizer, chat=True, thinking=thinking)
+    turn = {"role": "user", "content": question}
+    answer = {"role": "assistant", "content": "The dataset's answer."}
+    path = prompts_file(tmp_path / "p.jsonl", {"messages": [turn]}, {"messages": [turn, answer]}, {"text": question})
+    ids = make_data.prompt_ids(path, tokenizer, None, thinking, vocab_size=10**6)
+    assert ids == [cli_ids] * 3  # the dataset's own answer is dropped: the target writes its own
 
 
-def test_thinking_mode_changes_the_prompt(tokenizer):
-    record = {"messages": [{"role": "user", "content": "hi"}]}
-    assert train.record_prompt_ids(record, tokenizer, False, "t") != train.record_prompt_ids(record, tokenizer, True, "t")
+def test_thinking_mode_changes_the_prompt(tmp_path, tokenizer):
+    path = prompts_file(tmp_path / "p.jsonl", {"messages": [{"role": "user", "content": "hi"}]})
+    assert (make_data.prompt_ids(path, tokenizer, None, False, 10**6)
+            != make_data.prompt_ids(path, tokenizer, None, True, 10**6))
 
 
 def test_plain_text_and_ids_prompts(tmp_path, tokenizer):
     txt = tmp_path / "p.txt"
     txt.write_text("hello world\n\nsecond\n")
-    assert train.read_prompts(txt, tokenizer) == [tokenizer.encode("hello world"), tokenizer.encode("second")]
-    jsonl = tmp_path / "p.jsonl"
-    jsonl.write_text('{"prompt_ids": [1, 2]}\n{"text": "hello world"}\n{"prompt": "second"}\n')
-    assert train.read_prompts(jsonl, tokenizer) == [[1, 2], tokenizer.encode("hello world"), tokenizer.encode("second")]
+    expected = [tokenizer.encode("hello world"), tokenizer.encode("second")]
+    assert make_data.prompt_ids(txt, tokenizer, False, False, 10**6) == expected
+    jsonl = prompts_file(tmp_path / "p.jsonl", {"prompt_ids": [1, 2]}, {"text": "hello world"}, {"prompt": "second"})
+    assert make_data.prompt_ids(jsonl, tokenizer, False, False, 10**6) == [[1, 2], *expected]
 
 
 # ------------------------------------------------------------------ data generation
@@ -251,12 +260,16 @@ def write_prompts(path: Path, count: int, seed: int, length: int = 6) -> list[li
     return prompts
 
 
-def test_generate_data_batched_equals_one_by_one_and_resumes(tmp_path):
+def make_data_argv(prompts: Path, out: Path, *extra: str, target: Path = TINY) -> list[str]:
+    return ["--target", str(target), "--prompts", str(prompts), "--out", str(out), "--max-new-tokens", "10",
+            "--batch-size", "3", "--device", "cpu", *extra]
+
+
+def test_make_data_batched_equals_one_by_one_and_resumes(tmp_path):
     prompts = write_prompts(tmp_path / "prompts.jsonl", 5, seed=0)
     out = tmp_path / "data.jsonl"
-    argv = ["generate-data", "--target", str(TINY), "--prompts", str(tmp_path / "prompts.jsonl"),
-            "--out", str(out), "--max-new-tokens", "10", "--batch-size", "3", "--device", "cpu"]
-    assert train.main(argv) == 0
+    argv = make_data_argv(tmp_path / "prompts.jsonl", out)
+    assert make_data.main(argv) == 0
     full = out.read_text().splitlines()
     target = Qwen3.from_pretrained(TINY)
     for line in full:
@@ -266,8 +279,71 @@ def test_generate_data_batched_equals_one_by_one_and_resumes(tmp_path):
         assert record["input_ids"] == prompt + alone  # left padding changes nothing
         assert record["loss_mask"] == [0] * len(prompt) + [1] * len(alone)
     out.write_text("\n".join(full[:2]) + "\n" + full[2][:15])  # a crash mid-line
-    assert train.main(argv) == 0
+    assert make_data.main(argv) == 0
     assert sorted(out.read_text().splitlines()) == sorted(full)
+
+
+def short_context_target(tmp_path: Path, context: int) -> Path:
+    """The tiny target, with its max_position_embeddings cut down to `context`."""
+    folder = tmp_path / f"tiny-{context}"
+    folder.mkdir()
+    config = json.loads((TINY / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": context}))
+    (folder / "model.safetensors").symlink_to(TINY / "model.safetensors")
+    return folder
+
+
+def test_make_data_refuses_max_new_tokens_that_leave_no_room_for_the_prompt(tmp_path, capsys):
+    """Bug: with max_new_tokens >= the context, `prompt[-(context - max_new_tokens):]` silently kept
+    the whole prompt (or cut its *start* off) instead of leaving room for the answer."""
+    target = short_context_target(tmp_path, context=16)
+    prompts = write_prompts(tmp_path / "prompts.jsonl", 3, seed=0, length=8)
+    for too_many in ("16", "20"):
+        argv = make_data_argv(tmp_path / "prompts.jsonl", tmp_path / "data.jsonl", target=target)
+        argv[argv.index("--max-new-tokens") + 1] = too_many
+        assert "leaves no room for a prompt" in one_error_line(capsys, argv, make_data.main)
+    assert not (tmp_path / "data.jsonl").exists()
+    argv = make_data_argv(tmp_path / "prompts.jsonl", tmp_path / "data.jsonl", target=target)
+    argv[argv.index("--max-new-tokens") + 1] = "12"
+    assert make_data.main(argv) == 0
+    for line in (tmp_path / "data.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        assert record["input_ids"][:4] == prompts[record["index"]][-4:]  # the prompt's last 16 - 12 tokens
+        assert record["loss_mask"][:5] == [0, 0, 0, 0, 1] and len(record["input_ids"]) <= 16
+
+
+def test_done_indices_is_pure(tmp_path):
+    """Bug: reading which prompts were answered rewrote the file (cutting a half-written last line).
+    Reading now only reads; the cut happens, explicitly, when appending resumes."""
+    out = tmp_path / "data.jsonl"
+    text = (json.dumps({"index": 3, "input_ids": [1, 2], "loss_mask": [0, 1]}) + "\n"
+            + json.dumps({"index": 0, "input_ids": [1, 2], "loss_mask": [0, 1]}) + "\n"
+            + '{"index": 5, "input_i')  # a crash mid-line
+    out.write_text(text)
+    assert make_data.done_indices(out) == {0, 3}
+    assert out.read_text() == text
+    make_data.open_for_append(out).close()
+    assert out.read_text() == text[: text.rfind("\n") + 1]
+    assert make_data.done_indices(tmp_path / "missing.jsonl") == set()
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"input_ids": [1, 2], "loss_mask": [0, 1]}', "no integer 'index'"),
+    ('{"index": "7"}', "no integer 'index'"),
+    ("[1, 2]", "no integer 'index'"),
+    ('{"index": 1,', "not valid JSON"),
+])
+def test_done_indices_errors_are_one_line(tmp_path, capsys, line, message):
+    """Bug: a record without "index" (or a line that is not JSON) crashed with a traceback."""
+    out = tmp_path / "data.jsonl"
+    out.write_text(json.dumps({"index": 0}) + "\n" + line + "\n")
+    with pytest.raises(UsageError) as caught:
+        make_data.done_indices(out)
+    assert str(caught.value).startswith(f"{out}:2: ") and message in str(caught.value)
+    assert "\n" not in str(caught.value)
+    write_prompts(tmp_path / "prompts.jsonl", 2, seed=0)
+    error = one_error_line(capsys, make_data_argv(tmp_path / "prompts.jsonl", out), make_data.main)
+    assert f"{out}:2: " in error and message in error
 
 
 # -------------------------------------------------------------------- resumability
@@ -283,7 +359,7 @@ def write_data(path: Path, count: int = 8, length: int = 20, seed: int = 0) -> N
 
 
 def train_argv(data: Path, out: Path, *extra: str) -> list[str]:
-    return ["train", "--target", str(TINY), "--data", str(data), "--out", str(out), "--drafter-layers", "1",
+    return ["--target", str(TINY), "--data", str(data), "--out", str(out), "--drafter-layers", "1",
             "--block-size", "4", "--num-anchors", "4", "--batch-size", "3", "--steps", "6", "--log-every", "1",
             "--device", "cpu", *extra]
 
@@ -307,11 +383,46 @@ def test_resume_is_bit_identical(tmp_path):
     assert Drafter.from_pretrained(tmp_path / "split", target=Qwen3.from_pretrained(TINY)).config.block_size == 4
 
 
+def test_final_checkpoint_is_saved_before_the_final_evaluation(tmp_path, monkeypatch):
+    """Bug: the last evaluation ran before the last checkpoint, so an error there lost the whole run."""
+    data, heldout = tmp_path / "data.jsonl", tmp_path / "heldout.jsonl"
+    write_data(data)
+    write_prompts(heldout, 2, seed=1)
+
+    def failing_evaluation(*args, **kwargs):
+        raise RuntimeError("the evaluation failed")
+
+    monkeypatch.setattr(train, "evaluate_tau", failing_evaluation)
+    with pytest.raises(RuntimeError, match="the evaluation failed"):
+        train.main(train_argv(data, tmp_path / "run", "--eval-prompts", str(heldout)))
+    state = torch.load(tmp_path / "run" / "training_state.pt", weights_only=True)
+    assert state["step"] == 6  # the last step's checkpoint is on disk
+    Drafter.from_pretrained(tmp_path / "run", target=Qwen3.from_pretrained(TINY))
+
+
+def test_anchor_is_never_the_last_prompt_token(tmp_path):
+    """Bug: a block could be anchored at the prompt's last token, a block inference never drafts (the
+    prefill already yields the first answer token, and the first block starts at it)."""
+    loss_mask = torch.tensor([0, 0, 0, 1, 1, 1, 0, 1])
+    assert train.valid_anchor_positions(loss_mask).tolist() == [3, 4]
+    draws = [train.sample_anchors(loss_mask, 3, torch.Generator().manual_seed(seed)) for seed in range(20)]
+    assert set(torch.cat(draws).tolist()) == {3, 4}
+    data = tmp_path / "data.jsonl"  # no two answer tokens in a row: nothing an inference block would draft
+    data.write_text(json.dumps({"input_ids": [5, 6, 7, 8], "loss_mask": [0, 0, 1, 0]}) + "\n")
+    with pytest.raises(UsageError, match="no valid block"):
+        train.load_sequences(data, max_seq_len=16, vocab_size=512)
+
+
 # ------------------------------------------------------------------ the CLI's errors
 
 
-def one_error_line(capsys, argv) -> str:
-    assert train.main(argv) == 2
+def one_error_line(capsys, argv, main=train.main) -> str:
+    capsys.readouterr()
+    try:
+        status = main(argv)
+    except SystemExit as exit:  # what the argument parser itself refuses
+        status = exit.code
+    assert status == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: "), err
     return err[0]
@@ -322,19 +433,18 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     write_data(data)
     assert "data file not found" in one_error_line(capsys, train_argv(tmp_path / "missing.jsonl", tmp_path / "a"))
     assert "not a checkpoint folder" in one_error_line(
-        capsys, ["train", "--target", str(tmp_path / "nope"), "--data", str(data), "--out", str(tmp_path / "b")])
+        capsys, ["--target", str(tmp_path / "nope"), "--data", str(data), "--out", str(tmp_path / "b")])
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "file").write_text("x")
     assert "not empty" in one_error_line(capsys, train_argv(data, tmp_path / "busy"))
     empty = tmp_path / "empty.jsonl"
     empty.write_text(json.dumps({"input_ids": [1, 2, 3], "loss_mask": [1, 0, 0]}) + "\n")
     assert "no valid block" in one_error_line(capsys, train_argv(empty, tmp_path / "c"))
-    prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text('{"text": "hello"}\n')
-    assert "needs a tokenizer" in one_error_line(
-        capsys, ["generate-data", "--target", str(TINY), "--prompts", str(prompts), "--out", str(tmp_path / "d")])
+    prompts = prompts_file(tmp_path / "prompts.jsonl", {"text": "hello"})
+    assert "need a tokenizer" in one_error_line(capsys, make_data_argv(prompts, tmp_path / "d"), make_data.main)
     assert "--block-size" in one_error_line(capsys, train_argv(data, tmp_path / "e", "--block-size", "1"))
     assert "nothing to resume" in one_error_line(capsys, train_argv(data, tmp_path / "f", "--resume"))
+    assert "--target-layer-ids" in one_error_line(capsys, train_argv(data, tmp_path / "g", "--target-layer-ids", "1,x"))
 
 
 def test_resume_with_another_target_is_refused(tmp_path, capsys):
@@ -347,10 +457,20 @@ def test_resume_with_another_target_is_refused(tmp_path, capsys):
     assert "another target" in one_error_line(capsys, argv)
 
 
-def test_bad_arguments_exit_2_without_traceback():
-    result = subprocess.run([sys.executable, "train.py", "train", "--bogus"], cwd=ROOT, capture_output=True, text=True)
+@pytest.mark.parametrize("script", ["train.py", "make_data.py"])
+def test_bad_arguments_exit_2_without_traceback(script):
+    result = subprocess.run([sys.executable, script, "--bogus"], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 2
     assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
+
+
+def test_the_parser_is_built_from_the_config():
+    """Every TrainConfig field is an option with the field's default; a parsed command line is a config."""
+    args = train.build_parser().parse_args(["--target", "t", "--data", "d", "--out", "o", "--target-layer-ids", "1,3",
+                                            "--gamma", "2.5", "--fsdp"])
+    cfg = train.TrainConfig(**vars(args))
+    defaults = train.TrainConfig(target="t", data="d", out="o")
+    assert cfg == train.TrainConfig(**{**vars(defaults), "target_layer_ids": [1, 3], "gamma": 2.5, "fsdp": True})
 
 
 # ------------------------------------------------------------------- data parallel

@@ -1,7 +1,7 @@
 """The slow one (~2 minutes on a laptop CPU): does train.py actually teach a drafter to draft?
 
 The whole workflow on the `qwen3-tiny` fixture target (it has no tokenizer, so prompts
-are random token ids): the target answers its own prompts (`generate-data`), a small
+are random token ids): the target answers its own prompts (`make_data.py`), a small
 drafter trains on those answers for about a minute, and then *real* speculative
 decoding on held-out prompts must commit at least 2 tokens per target pass, where the
 untrained drafter commits about 1. A random target's greedy answers are repetitive;
@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 import generate
+import make_data
 import train
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
@@ -39,9 +40,9 @@ def test_slow_training_teaches_the_drafter_to_draft(tmp_path):
     began = time.perf_counter()
     random_prompts(tmp_path / "prompts.jsonl", 2000, seed=0)  # enough answers to generalise, not memorise
     held_out = random_prompts(tmp_path / "held_out.jsonl", 12, seed=1)
-    assert train.main(["generate-data", "--target", str(TINY), "--prompts", str(tmp_path / "prompts.jsonl"),
-                       "--out", str(tmp_path / "data.jsonl"), "--max-new-tokens", "48", "--batch-size", "200",
-                       "--device", "cpu"]) == 0
+    assert make_data.main(["--target", str(TINY), "--prompts", str(tmp_path / "prompts.jsonl"),
+                           "--out", str(tmp_path / "data.jsonl"), "--max-new-tokens", "48", "--batch-size", "200",
+                           "--device", "cpu"]) == 0
 
     target = train.freeze(Qwen3.from_pretrained(TINY))
     options = ["--drafter-layers", "1", "--block-size", "8", "--num-anchors", "64", "--batch-size", "16",
@@ -52,7 +53,7 @@ def test_slow_training_teaches_the_drafter_to_draft(tmp_path):
     tau_untrained = mean_tau(target, untrained, held_out)
 
     out = tmp_path / "run"
-    assert train.main(["train", "--target", str(TINY), "--data", str(tmp_path / "data.jsonl"), "--out", str(out),
+    assert train.main(["--target", str(TINY), "--data", str(tmp_path / "data.jsonl"), "--out", str(out),
                        "--steps", "300", *options]) == 0
     drafter = Drafter.from_pretrained(out, target=target)
     tau_trained = mean_tau(target, drafter, held_out)

@@ -1,0 +1,231 @@
+"""Let a Qwen3 target answer prompts: the training data of a DFlash drafter.
+
+A drafter is only useful if it guesses what *this target* will say, so it is trained
+on the target's own answers, not on a dataset's: this script asks the target every
+prompt of a prompt file, with the chat template `generate.py` uses (thinking off by
+default, as the released drafters were trained), and writes what it answered.
+
+The output is JSONL, one record per prompt, the format `train.py --data` reads:
+
+    {"index": 7, "input_ids": [151644, 872, ..., 151645], "loss_mask": [0, 0, ..., 1, 1]}
+
+- `index`: the prompt's place in the prompt file (0-based, blank lines skipped).
+  Records may come in any order; the index is what makes the file resumable.
+- `input_ids`: the prompt's token ids followed by the target's answer, its stop
+  token included when it stopped before `--max-new-tokens`. A prompt too long for
+  the target's context keeps its last tokens, leaving room for the answer.
+- `loss_mask`: 0 on the prompt's tokens, 1 on the answer's (the drafter learns to
+  draft answers only), as long as `input_ids`.
+
+Resuming is the default: the prompts `--out` already answers are skipped, and a
+half-written last line (a crash mid-write) is cut off before appending resumes.
+Prompts are answered in batches: left-padded to one length, with one static KV cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Sequence, TextIO
+
+import torch
+from tqdm import tqdm
+
+from dflash.cli import (PROMPT_FORMAT, OneLineErrors, UsageError, add_device_options, check_token_ids, encode_prompt,
+                        find_tokenizer, parse_json_line, pick_device, pick_dtype, read_prompts, run_cli,
+                        stop_token_ids)
+from dflash.qwen3 import Qwen3
+from generate import sample
+
+# ------------------------------------------------------------------------- the prompts
+
+
+def prompt_ids(path: Path, tokenizer, chat: bool | None, thinking: bool, vocab_size: int) -> list[list[int]]:
+    """Every prompt of the file as token ids, rendered exactly as `generate.py` renders a prompt.
+
+    A drafter trained on prompts rendered differently (another template, thinking on
+    instead of off) learns a distribution it never meets at inference, and its
+    acceptance collapses.
+    """
+    prompts = []
+    for prompt in read_prompts(path):
+        prompts.append(encode_prompt(prompt, tokenizer, chat, thinking))
+        check_token_ids(prompts[-1], vocab_size, prompt.where)
+    return prompts
+
+
+def cut_to_fit(prompt: list[int], max_new_tokens: int, context: int) -> list[int]:
+    """The prompt's last tokens, as many as leave room for `max_new_tokens` in the context."""
+    if max_new_tokens >= context:
+        raise UsageError(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in the target's "
+                         f"context of {context} positions (max_position_embeddings)")
+    return prompt[-(context - max_new_tokens):]
+
+
+# ----------------------------------------------------------------- answering a batch
+
+
+@torch.no_grad()
+def generate_batch(target: Qwen3, prompts: list[list[int]], max_new_tokens: int, temperature: float,
+                   stop_ids: Sequence[int], generator: torch.Generator | None) -> list[list[int]]:
+    """Let the target answer several prompts at once; return each answer (cut after its stop token).
+
+    The prompts are left-padded to one length so that every row's next token sits at
+    the same position and one static cache serves the batch. `key_padding` hides the
+    padding; RoPE only sees position differences, so a row padded by p tokens computes
+    what it would compute alone.
+    """
+    device = target.embed_tokens.weight.device
+    batch, longest = len(prompts), max(len(p) for p in prompts)
+    total = longest + max_new_tokens
+    ids = torch.zeros(batch, longest, dtype=torch.long, device=device)  # (batch, longest), 0 = padding
+    key_padding = torch.ones(batch, total, dtype=torch.bool, device=device)  # (batch, total): True = real token
+    for row, prompt in enumerate(prompts):
+        pad = longest - len(prompt)
+        ids[row, pad:] = torch.tensor(prompt, device=device)
+        key_padding[row, :pad] = False
+    cache = target.new_cache(total, batch)
+    last = slice(longest - 1, longest)
+    logits = target(ids, cache=cache, key_padding=key_padding, logits_at=last)  # (batch, 1, vocab)
+    cache.extend(longest)  # the prompts are committed
+    answers: list[list[int]] = [[] for _ in prompts]
+    finished = [False] * batch
+    for position in range(longest, total):
+        tokens = sample(logits[:, -1], temperature, generator)  # (batch,)
+        for row, token in enumerate(tokens.tolist()):
+            if not finished[row]:
+                answers[row].append(token)
+                finished[row] = token in stop_ids
+        if all(finished) or position == total - 1:
+            break
+        logits = target(tokens[:, None], positions=torch.tensor([position], device=device), cache=cache,
+                        key_padding=key_padding)  # (batch, 1, vocab)
+        cache.extend(1)
+    return answers
+
+
+# ------------------------------------------------------------- the resumable output
+
+
+def complete_lines(path: Path):
+    """("file:line", text) for every non-blank line that ends in a newline.
+
+    A last line without one is a record a crash cut short: not an answer yet.
+    """
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(f"{path}: cannot read the data file ({err})") from None
+    complete = text[: text.rfind("\n") + 1]
+    for number, line in enumerate(complete.splitlines(), start=1):
+        if line.strip():
+            yield f"{path}:{number}", line
+
+
+def done_indices(path: Path) -> set[int]:
+    """The indices of the prompts `path` already answers. Only reads: the file is left as it is."""
+    if not path.exists():
+        return set()
+    done = set()
+    for where, line in complete_lines(path):
+        record = parse_json_line(line, where)
+        index = record.get("index") if isinstance(record, dict) else None
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise UsageError(f"{where}: no integer 'index' (not a record of make_data.py)")
+        done.add(index)
+    return done
+
+
+def open_for_append(path: Path) -> TextIO:
+    """Open `path` to append records, first cutting off a half-written last line (a crash)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists():
+        with open(path, "rb+") as file:
+            file.truncate(file.read().rfind(b"\n") + 1)
+    return open(path, "a", encoding="utf-8")
+
+
+def record(index: int, prompt: list[int], answer: list[int]) -> str:
+    """One line of the output (see the format at the top of this file)."""
+    return json.dumps({"index": index, "input_ids": prompt + answer,
+                       "loss_mask": [0] * len(prompt) + [1] * len(answer)}) + "\n"
+
+
+# ------------------------------------------------------------------- the program
+
+
+def make_data(args: argparse.Namespace) -> int:
+    """Answer every prompt `--out` does not answer yet, a batch at a time, appending as we go."""
+    if args.max_new_tokens < 1 or args.batch_size < 1 or args.temperature < 0:
+        raise UsageError("--max-new-tokens and --batch-size must be positive, --temperature >= 0")
+    device = pick_device(args.device)
+    target = Qwen3.from_pretrained(args.target, device=device, dtype=pick_dtype(args.dtype, device))
+    tokenizer_folder = args.tokenizer or args.target
+    tokenizer = find_tokenizer(tokenizer_folder, required=args.tokenizer is not None)
+    prompts = prompt_ids(args.prompts, tokenizer, args.chat, args.thinking, target.config.vocab_size)
+    context = target.config.max_position_embeddings
+    prompts = [cut_to_fit(prompt, args.max_new_tokens, context) for prompt in prompts]
+    stop_ids = stop_token_ids(tokenizer_folder, tokenizer)
+    done = done_indices(args.out)
+    strangers = sorted(i for i in done if not 0 <= i < len(prompts))
+    if strangers:
+        raise UsageError(f"{args.out}: answers prompt {strangers[0]}, but {args.prompts} has only {len(prompts)} "
+                         f"(written for another prompt file?)")
+    pending = [i for i in range(len(prompts)) if i not in done]
+    generator = torch.Generator(device).manual_seed(args.seed) if args.temperature > 0 else None
+    with open_for_append(args.out) as out, tqdm(total=len(prompts), initial=len(done), unit="prompt") as bar:
+        for start in range(0, len(pending), args.batch_size):
+            indices = pending[start:start + args.batch_size]
+            batch = [prompts[i] for i in indices]
+            answers = generate_batch(target, batch, args.max_new_tokens, args.temperature, stop_ids, generator)
+            out.writelines(record(i, prompt, answer) for i, prompt, answer in zip(indices, batch, answers))
+            out.flush()  # a crash loses at most the batch being written
+            bar.update(len(indices))
+    return 0
+
+
+EXAMPLES = f"""\
+examples:
+  # the target answers every prompt (chat template, thinking off, greedy)
+  python make_data.py --target weights/Qwen3-8B --prompts prompts.jsonl --out data.jsonl
+  # run it again after a crash: answered prompts are skipped
+  python make_data.py --target weights/Qwen3-8B --prompts prompts.jsonl --out data.jsonl
+  # then train on the answers
+  python train.py --target weights/Qwen3-8B --data data.jsonl --out runs/dflash
+
+{PROMPT_FORMAT}
+
+OUT is JSONL, one {{"index", "input_ids", "loss_mask"}} record per prompt (see the
+top of make_data.py). Bad input exits with status 2 and one line on stderr.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The options, named as generate.py names the same ones."""
+    parser = OneLineErrors(description="Let a Qwen3 target answer prompts: training data for train.py.",
+                           epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target", type=Path, required=True, help="target checkpoint folder")
+    parser.add_argument("--prompts", type=Path, required=True, help="prompt file (format below)")
+    parser.add_argument("--out", type=Path, required=True, help="JSONL to append records to (resumed if it exists)")
+    parser.add_argument("--tokenizer", type=Path, help="tokenizer folder (default: the target's, if it has one)")
+    parser.add_argument("--max-new-tokens", type=int, default=512, help="longest answer (default: 512)")
+    parser.add_argument("--batch-size", type=int, default=16, help="prompts answered at once (default: 16)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    parser.add_argument("--seed", type=int, default=0, help="for sampling at temperature > 0 (default: 0)")
+    parser.add_argument("--chat", action="store_true", default=None,
+                        help="wrap text prompts in the chat template (default: when the tokenizer has one)")
+    parser.add_argument("--raw", dest="chat", action="store_false", help="feed text prompts as they are")
+    parser.add_argument("--thinking", action="store_true", help="render chat prompts with thinking on")
+    add_device_options(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """The command line: 0 when every prompt is answered, 2 (and one `error:` line) on bad input."""
+    return run_cli(build_parser(), make_data, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
