@@ -18,6 +18,12 @@ the parts that are not "ordinary code a person wrote":
   tables): large files made mostly of literals;
 - files over 500 KB, and files that are not UTF-8.
 
+`--extra-packages` adds the Python sources of installed packages (e.g. networkx,
+mpmath) to the *training* part only, with the same filters: more code to learn from,
+while the held-out files (and so the held-out loss) stay those of the stdlib split.
+`split.json` records every file taken and each package's version, since what is
+installed differs from machine to machine.
+
 The split into train and held-out is by FILE, so held-out loss measures how well
 the model writes code it has never seen, not how well it remembers the rest of a
 file it trained on. Paths are sorted before the seeded shuffle, so the split does
@@ -34,6 +40,8 @@ Then:   python recipes/tiny/train_tokenizer.py
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import importlib.util
 import random
 import re
 import sysconfig
@@ -121,10 +129,10 @@ def read_source(root: Path, relative: Path) -> tuple[str | None, str | None]:
     return text, None
 
 
-def collect(root: Path) -> tuple[dict[str, str], dict[str, int]]:
+def collect(root: Path, what: str = "stdlib") -> tuple[dict[str, str], dict[str, int]]:
     """Read every kept file: {relative path: text}, plus how many were skipped and why."""
     kept, skipped = {}, {}
-    for relative in tqdm(candidate_files(root), desc="reading stdlib", unit="file"):
+    for relative in tqdm(candidate_files(root), desc=f"reading {what}", unit="file"):
         reason = skip_by_name(relative)
         text = None
         if reason is None:
@@ -134,6 +142,26 @@ def collect(root: Path) -> tuple[dict[str, str], dict[str, int]]:
             continue
         kept[relative.as_posix()] = text
     return kept, skipped
+
+
+def package_folder(name: str) -> Path:
+    """Where an installed package's sources are (a folder with `__init__.py`)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or not spec.submodule_search_locations:
+        raise UsageError(f"--extra-packages: {name!r} is not an installed package folder")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def collect_packages(names: list[str]) -> tuple[dict[str, str], dict[str, int], dict[str, str]]:
+    """The kept sources of each package, keyed `site-packages/NAME/...`; skip counts; versions."""
+    texts, skipped, versions = {}, {}, {}
+    for name in names:
+        found, skips = collect(package_folder(name), name)
+        texts.update({f"site-packages/{name}/{relative}": text for relative, text in found.items()})
+        for reason, count in skips.items():
+            skipped[reason] = skipped.get(reason, 0) + count
+        versions[name] = importlib.metadata.version(name)
+    return texts, skipped, versions
 
 
 # ---------------------------------------------------------------------- the split
@@ -170,6 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="output folder")
     parser.add_argument("--seed", type=int, default=0, help="seed of the file shuffle")
     parser.add_argument("--heldout-fraction", type=float, default=0.05, help="share of files held out")
+    parser.add_argument("--extra-packages", nargs="*", default=[],
+                        help="installed packages whose sources join the training part")
     return parser
 
 
@@ -181,6 +211,9 @@ def main(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     texts, skipped = collect(args.stdlib)
     train, heldout = split_files(list(texts), args.heldout_fraction, args.seed)
+    extra, extra_skipped, versions = collect_packages(args.extra_packages)
+    texts.update(extra)
+    train = sorted(train + list(extra))
     args.out.mkdir(parents=True, exist_ok=True)
     sizes = {
         "train": write_part(args.out / "train.txt", train, texts),
@@ -191,6 +224,8 @@ def main(args: argparse.Namespace) -> int:
         "seed": args.seed,
         "heldout_fraction": args.heldout_fraction,
         "skipped": dict(sorted(skipped.items())),
+        "extra_packages": versions,
+        "extra_skipped": dict(sorted(extra_skipped.items())),
         "train": train,
         "heldout": heldout,
     }
