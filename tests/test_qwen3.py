@@ -123,25 +123,29 @@ def test_incremental_decoding_matches_full_forward(model_and_reference, chunks, 
     assert (torch.cat(pieces, dim=1) - full).abs().max() <= 1e-5
 
 
-def fill_beyond_length(cache, garbage) -> None:
-    """Overwrite every slot at or after `cache.length`, in every layer, with `garbage(shape)`."""
+def continue_after_garbage(model, ids, garbage, fixed_shape: bool) -> float:
+    """Cache 12 tokens, fill every slot past `length` with `garbage(shape)`, run the rest of `ids`.
+
+    Returns the largest difference to a pass over all of `ids` without a cache.
+    """
+    full = model(ids)
+    cache = model.new_cache(40)
+    cache.fixed_shape = fixed_shape
+    model(ids[:, :12], cache=cache)
+    cache.extend(12)
     for buffer in cache.keys + cache.values:
         tail = buffer[:, :, cache.length:]
         tail.copy_(garbage(tail.shape))
+    rest = model(ids[:, 12:], cache=cache)
+    return (rest - full[:, 12:]).abs().max().item()
 
 
 @torch.no_grad()
 def test_eager_reads_nothing_past_the_committed_length(model_and_reference):
     """NaN in every slot past `length`: an eager pass never reads them, so nothing changes."""
     model, ref = model_and_reference
-    ids = ref["input_ids"][:1]
-    full = model(ids)
-    cache = model.new_cache(40)
-    model(ids[:, :12], cache=cache)
-    cache.extend(12)
-    fill_beyond_length(cache, lambda shape: torch.full(shape, float("nan")))
-    rest = model(ids[:, 12:], cache=cache)
-    assert (rest - full[:, 12:]).abs().max() <= 1e-5
+    nan = lambda shape: torch.full(shape, float("nan"))  # noqa: E731
+    assert continue_after_garbage(model, ref["input_ids"][:1], nan, fixed_shape=False) <= 1e-5
 
 
 @torch.no_grad()
@@ -154,15 +158,8 @@ def test_fixed_shape_reads_hide_every_slot_past_the_query(model_and_reference):
     tokens, and the eager test above shows that NaN is never even read there.
     """
     model, ref = model_and_reference
-    ids = ref["input_ids"][:1]
-    full = model(ids)
-    cache = model.new_cache(40)
-    cache.fixed_shape = True
-    model(ids[:, :12], cache=cache)
-    cache.extend(12)
-    fill_beyond_length(cache, lambda shape: 1e4 * torch.randn(shape, generator=torch.Generator().manual_seed(0)))
-    rest = model(ids[:, 12:], cache=cache)
-    assert (rest - full[:, 12:]).abs().max() <= 1e-5
+    large = lambda shape: 1e4 * torch.randn(shape, generator=torch.Generator().manual_seed(0))  # noqa: E731
+    assert continue_after_garbage(model, ref["input_ids"][:1], large, fixed_shape=True) <= 1e-5
 
 
 @torch.no_grad()
