@@ -60,8 +60,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from dflash.cli import (PROMPT_FORMAT, OneLineErrors, UsageError, add_device_options, encode_for_generation,
-                        find_tokenizer, pick_device, pick_dtype, read_prompts, run_cli, stop_token_ids)
+from dflash.cli import (PROMPT_FORMAT, OneLineErrors, UsageError, add_device_options, add_prompt_options,
+                        encode_for_generation, find_tokenizer, pick_device, pick_dtype, read_prompts, run_cli,
+                        stop_token_ids)
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
 from generate import WEIGHTS, Generation, ModelRunner, generate_autoregressive, generate_dflash, synchronize
@@ -750,10 +751,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_device_options(p)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="default: on for CUDA, off for CPU")
-    p.add_argument("--chat", action="store_true", default=None, help="default: when the tokenizer has a template")
-    p.add_argument("--raw", dest="chat", action="store_false")
-    p.add_argument("--no-token-healing", dest="token_healing", action="store_false",
-                   help="keep a raw prompt's last token even when it ends mid-token")
+    add_prompt_options(p)
     p.add_argument("--oracle", action=argparse.BooleanOptionalAction, default=True,
                    help="also run the oracle (every draft right) at temperature 0: the ceiling (default: on)")
     p.add_argument("--peer", choices=["transformers"],
@@ -775,7 +773,7 @@ def run(args) -> int:
     target = Qwen3.from_pretrained(args.model, device=device, dtype=dtype)
     drafter = Drafter.from_pretrained(args.draft, target=target, device=device, dtype=dtype)
     tokenizer = find_tokenizer(args.model)
-    prompts = [BenchPrompt(prompt.where, *encode_for_generation(prompt, tokenizer, args.chat, False,
+    prompts = [BenchPrompt(prompt.where, *encode_for_generation(prompt, tokenizer, args.chat, args.thinking,
                                                                 args.token_healing))
                for prompt in read_prompts(args.prompts)]
     block_sizes = args.block_sizes or [drafter.config.block_size]

@@ -11,11 +11,19 @@ The output is JSONL, one record per prompt, the format `train.py --data` reads:
 
 - `index`: the prompt's place in the prompt file (0-based, blank lines skipped).
   Records may come in any order; the index is what makes the file resumable.
-- `input_ids`: the prompt's token ids followed by the target's answer, its stop
-  token included when it stopped before `--max-new-tokens`. A prompt too long for
-  the target's context keeps its last tokens, leaving room for the answer.
+- `input_ids`: the prompt's token ids (token-healed, see below) followed by the
+  target's answer, its stop token included when it stopped before `--max-new-tokens`.
+  A prompt too long for the target's context keeps its last tokens, leaving room for
+  the answer.
 - `loss_mask`: 0 on the prompt's tokens, 1 on the answer's (the drafter learns to
   draft answers only), as long as `input_ids`.
+
+Raw-text prompts are token-healed, as `generate.py` and `bench.py` heal them: a prompt
+that ends mid-token (the newline after a `def` line, before the body's indentation)
+loses its last token, and the answer's first token is picked among the tokens that
+start with the dropped text, so the answer writes it again, merged with what follows.
+The record holds the healed prompt, so the drafter trains on the contexts it meets at
+inference. `--no-token-healing` keeps every prompt as it is.
 
 Resuming is the default: the prompts `--out` already answers are skipped, and a
 half-written last line (a crash mid-write) is cut off before appending resumes.
@@ -33,26 +41,30 @@ from typing import Sequence, TextIO
 import torch
 from tqdm import tqdm
 
-from dflash.cli import (PROMPT_FORMAT, OneLineErrors, UsageError, add_device_options, check_token_ids, encode_prompt,
-                        find_tokenizer, parse_json_line, pick_device, pick_dtype, read_prompts, run_cli,
-                        stop_token_ids)
+from dflash.cli import (PROMPT_FORMAT, OneLineErrors, UsageError, add_device_options, add_prompt_options, check_token_ids,
+                        encode_for_generation, find_tokenizer, parse_json_line, pick_device, pick_dtype, read_prompts,
+                        run_cli, stop_token_ids)
 from dflash.qwen3 import Qwen3
 from generate import sample
 
 # ------------------------------------------------------------------------- the prompts
 
 
-def prompt_ids(path: Path, tokenizer, chat: bool | None, thinking: bool, vocab_size: int) -> list[list[int]]:
-    """Every prompt of the file as token ids, rendered exactly as `generate.py` renders a prompt.
+def encode_prompts(path: Path, tokenizer, chat: bool | None, thinking: bool, token_healing: bool,
+                   vocab_size: int) -> list[tuple[list[int], list[int] | None]]:
+    """Every prompt of the file, rendered exactly as `generate.py` renders a prompt.
 
+    Returns (token ids, the first new token's choices or None) per prompt: the choices
+    come with a raw-text prompt that token healing shortened (`cli.encode_for_generation`).
     A drafter trained on prompts rendered differently (another template, thinking on
     instead of off) learns a distribution it never meets at inference, and its
     acceptance collapses.
     """
     prompts = []
     for prompt in read_prompts(path):
-        prompts.append(encode_prompt(prompt, tokenizer, chat, thinking))
-        check_token_ids(prompts[-1], vocab_size, prompt.where)
+        ids, choices = encode_for_generation(prompt, tokenizer, chat, thinking, token_healing)
+        check_token_ids([*ids, *(choices or [])], vocab_size, prompt.where)
+        prompts.append((ids, choices))
     return prompts
 
 
@@ -69,13 +81,15 @@ def cut_to_fit(prompt: list[int], max_new_tokens: int, context: int) -> list[int
 
 @torch.no_grad()
 def generate_batch(target: Qwen3, prompts: list[list[int]], max_new_tokens: int, temperature: float,
-                   stop_ids: Sequence[int], generator: torch.Generator | None) -> list[list[int]]:
+                   stop_ids: Sequence[int], generator: torch.Generator | None,
+                   first_token_choices: Sequence[list[int] | None] | None = None) -> list[list[int]]:
     """Let the target answer several prompts at once; return each answer (cut after its stop token).
 
     The prompts are left-padded to one length so that every row's next token sits at
     the same position and one static cache serves the batch. `key_padding` hides the
     padding; RoPE only sees position differences, so a row padded by p tokens computes
-    what it would compute alone.
+    what it would compute alone. `first_token_choices[row]` (token healing) restricts
+    that row's first new token, as `generate.py` restricts it for a single prompt.
     """
     device = target.embed_tokens.weight.device
     batch, longest = len(prompts), max(len(p) for p in prompts)
@@ -88,12 +102,14 @@ def generate_batch(target: Qwen3, prompts: list[list[int]], max_new_tokens: int,
         key_padding[row, :pad] = False
     cache = target.new_cache(total, batch)
     last = slice(longest - 1, longest)
-    logits = target(ids, cache=cache, key_padding=key_padding, logits_at=last)  # (batch, 1, vocab)
+    logits = target(ids, cache=cache, key_padding=key_padding, logits_at=last)[:, -1]  # (batch, vocab)
     cache.extend(longest)  # the prompts are committed
+    if first_token_choices is not None:
+        logits = restrict_first_tokens(logits, first_token_choices)  # the first step only
     answers: list[list[int]] = [[] for _ in prompts]
     finished = [False] * batch
     for position in range(longest, total):
-        tokens = sample(logits[:, -1], temperature, generator)  # (batch,)
+        tokens = sample(logits, temperature, generator)  # (batch,)
         for row, token in enumerate(tokens.tolist()):
             if not finished[row]:
                 answers[row].append(token)
@@ -101,9 +117,23 @@ def generate_batch(target: Qwen3, prompts: list[list[int]], max_new_tokens: int,
         if all(finished) or position == total - 1:
             break
         logits = target(tokens[:, None], positions=torch.tensor([position], device=device), cache=cache,
-                        key_padding=key_padding)  # (batch, 1, vocab)
+                        key_padding=key_padding)[:, -1]  # (batch, 1, vocab) -> (batch, vocab)
         cache.extend(1)
     return answers
+
+
+def restrict_first_tokens(logits: torch.Tensor, choices: Sequence[list[int] | None]) -> torch.Tensor:
+    """Token healing for a batch: each row's logits (batch, vocab) with every token outside its choices at -inf.
+
+    An additive mask, 0 where a row's token may go and -inf elsewhere, so that every
+    other token gets probability 0; a row without choices (nothing to heal) stays as it is.
+    """
+    mask = torch.zeros_like(logits)  # (batch, vocab)
+    for row, allowed in enumerate(choices):
+        if allowed is not None:
+            mask[row] = float("-inf")
+            mask[row, allowed] = 0.0
+    return logits + mask
 
 
 # ------------------------------------------------------------- the resumable output
@@ -164,9 +194,10 @@ def make_data(args: argparse.Namespace) -> int:
     target = Qwen3.from_pretrained(args.target, device=device, dtype=pick_dtype(args.dtype, device))
     tokenizer_folder = args.tokenizer or args.target
     tokenizer = find_tokenizer(tokenizer_folder, required=args.tokenizer is not None)
-    prompts = prompt_ids(args.prompts, tokenizer, args.chat, args.thinking, target.config.vocab_size)
+    prompts = encode_prompts(args.prompts, tokenizer, args.chat, args.thinking, args.token_healing,
+                             target.config.vocab_size)  # (ids, first-token choices) per prompt
     context = target.config.max_position_embeddings
-    prompts = [cut_to_fit(prompt, args.max_new_tokens, context) for prompt in prompts]
+    prompts = [(cut_to_fit(ids, args.max_new_tokens, context), choices) for ids, choices in prompts]
     stop_ids = stop_token_ids(tokenizer_folder, tokenizer)
     done = done_indices(args.out)
     strangers = sorted(i for i in done if not 0 <= i < len(prompts))
@@ -178,8 +209,10 @@ def make_data(args: argparse.Namespace) -> int:
     with open_for_append(args.out) as out, tqdm(total=len(prompts), initial=len(done), unit="prompt") as bar:
         for start in range(0, len(pending), args.batch_size):
             indices = pending[start:start + args.batch_size]
-            batch = [prompts[i] for i in indices]
-            answers = generate_batch(target, batch, args.max_new_tokens, args.temperature, stop_ids, generator)
+            batch = [prompts[i][0] for i in indices]
+            choices = [prompts[i][1] for i in indices]
+            answers = generate_batch(target, batch, args.max_new_tokens, args.temperature, stop_ids, generator,
+                                     choices)
             out.writelines(record(i, prompt, answer) for i, prompt, answer in zip(indices, batch, answers))
             out.flush()  # a crash loses at most the batch being written
             bar.update(len(indices))
@@ -188,7 +221,7 @@ def make_data(args: argparse.Namespace) -> int:
 
 EXAMPLES = f"""\
 examples:
-  # the target answers every prompt (chat template, thinking off, greedy)
+  # the target answers every prompt (chat template, thinking off, greedy; raw text token-healed)
   python make_data.py --target weights/Qwen3-8B --prompts prompts.jsonl --out data.jsonl
   # run it again after a crash: answered prompts are skipped
   python make_data.py --target weights/Qwen3-8B --prompts prompts.jsonl --out data.jsonl
@@ -214,10 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=16, help="prompts answered at once (default: 16)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--seed", type=int, default=0, help="for sampling at temperature > 0 (default: 0)")
-    parser.add_argument("--chat", action="store_true", default=None,
-                        help="wrap text prompts in the chat template (default: when the tokenizer has one)")
-    parser.add_argument("--raw", dest="chat", action="store_false", help="feed text prompts as they are")
-    parser.add_argument("--thinking", action="store_true", help="render chat prompts with thinking on")
+    add_prompt_options(parser)
     add_device_options(parser)
     return parser
 

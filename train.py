@@ -28,39 +28,33 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import sys
 import time
-import types
-import typing
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from dflash.checkpoint import write_atomically
 from dflash.cli import (PROMPT_FORMAT, OneLineErrors, UsageError, add_device_options, find_tokenizer, numbered_lines,
-                        parse_json_line, pick_device, pick_dtype, run_cli, stop_token_ids)
+                        parse_json_line, pick_dtype, run_cli, stop_token_ids)
 from dflash.drafter import Drafter, DrafterConfig, check_fits, default_target_layer_ids
 from dflash.qwen3 import Qwen3, Qwen3Config
+from dflash.training import (Distributed, add_config_options, cosine_with_warmup, distributed_run, epoch_order, every,
+                             full_state, load_full_state, load_training_state, optimizer_step, option,
+                             prepare_run_folder, restore_rng_states, rng_states, save_training_state, unwrap,
+                             wrap_for_training)
 from generate import generate_dflash
-from make_data import prompt_ids
+from make_data import encode_prompts
 
 IGNORE = -100  # cross_entropy's ignore_index: this slot has no label
 
 
 # ------------------------------------------------------------------------ the config
-
-
-def option(default, help: str, **argparse_options):
-    """A TrainConfig field: its default, plus the help (and argparse extras) of its command-line option."""
-    return field(default=default, metadata={"help": help, **argparse_options})
 
 
 @dataclass
@@ -100,6 +94,7 @@ class TrainConfig:
     eval_prompts: str | None = option(None, "held-out prompt file: real speculative decoding, greedy, mean tau")
     eval_every: int = option(0, "steps between evaluations (0: only at the end)")
     eval_max_new_tokens: int = option(128, "tokens decoded per held-out prompt")
+    no_token_healing: bool = option(False, "evaluate raw-text prompts unhealed (data made with the same option)")
     save_every: int = option(0, "steps between checkpoints (0: only at the end)")
     log_every: int = option(10, "steps between log lines")
     resume: bool = option(False, "continue the run in --out exactly")
@@ -146,14 +141,6 @@ def load_sequences(path: Path, max_seq_len: int, vocab_size: int) -> list[tuple[
         raise UsageError(f"{path}: the dataset yields no valid block (no two answer tokens in a row "
                          f"within --max-seq-len {max_seq_len})")
     return sequences
-
-
-def epoch_order(num_sequences: int, epoch: int, seed: int, rank: int, world: int) -> list[int]:
-    """This process's share of one epoch's shuffled order (as DistributedSampler: pad by wrapping, then stride)."""
-    generator = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
-    order = torch.randperm(num_sequences, generator=generator).tolist()
-    order += order[: (-len(order)) % world]  # every process gets the same number of sequences
-    return order[rank::world]
 
 
 def collate(sequences: list[tuple[list[int], list[int]]], device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -354,133 +341,7 @@ def freeze(target: Qwen3) -> Qwen3:
     return target.eval()
 
 
-def cosine_with_warmup(total_steps: int, warmup: float):
-    """Learning-rate multiplier: linear warm-up over `warmup` of the steps, then cosine down to 0."""
-    warmup_steps = max(1, round(warmup * total_steps))
-
-    def multiplier(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-    return multiplier
-
-
-# --------------------------------------------------------------------- distribution
-
-
-@dataclass
-class Distributed:
-    """Where this process sits in a torchrun job (rank 0 of 1 when run plainly)."""
-
-    rank: int = 0
-    world: int = 1
-    device: torch.device = torch.device("cpu")
-
-    @property
-    def main(self) -> bool:
-        """The process that writes files and prints."""
-        return self.rank == 0
-
-    def sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The tensor summed over all processes, in place."""
-        if self.world > 1:
-            dist.all_reduce(tensor)
-        return tensor
-
-    def any(self, flag: bool) -> bool:
-        """True on every process if it is True on one (e.g. one ran out of time)."""
-        return bool(self.sum(torch.tensor([float(flag)], device=self.device)).item())
-
-    def gather(self, value) -> list:
-        """Every process's `value`, in rank order."""
-        if self.world == 1:
-            return [value]
-        values = [None] * self.world
-        dist.all_gather_object(values, value)
-        return values
-
-
-def setup_distributed(device_name: str) -> Distributed:
-    """Join the torchrun job if there is one: gloo on CPU, nccl on CUDA, one GPU per process."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    device = pick_device(device_name)
-    if world == 1:
-        return Distributed(device=device)
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
-    if device.type == "cuda":
-        device = torch.device("cuda", local_rank)
-        torch.cuda.set_device(device)
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    return Distributed(dist.get_rank(), world, device)
-
-
-def wrap_for_training(drafter: Drafter, place: Distributed, fsdp: bool) -> nn.Module:
-    """Replicate (DDP) or shard (FSDP2) the drafter across processes; alone, use it as is."""
-    if place.world == 1:
-        return drafter
-    if fsdp:
-        try:
-            from torch.distributed.fsdp import fully_shard
-        except ImportError:
-            raise UsageError("--fsdp needs torch.distributed.fsdp.fully_shard (PyTorch >= 2.6)") from None
-        for layer in drafter.layers:
-            fully_shard(layer)
-        return fully_shard(drafter)
-    from torch.nn.parallel import DistributedDataParallel
-
-    return DistributedDataParallel(drafter, device_ids=[place.device.index] if place.device.type == "cuda" else None)
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The drafter inside a DDP wrapper (FSDP2 shards it in place: nothing to unwrap)."""
-    return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
-
-
-def full_state(model: nn.Module, optimizer: torch.optim.Optimizer, fsdp: bool) -> tuple[dict, dict]:
-    """Plain (unsharded, CPU) state dicts of the drafter and optimizer; with FSDP a collective call."""
-    if fsdp:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions, get_model_state_dict, get_optimizer_state_dict)
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        return get_model_state_dict(model, options=options), get_optimizer_state_dict(model, optimizer, options=options)
-    weights = {name: tensor.detach().cpu() for name, tensor in unwrap(model).state_dict().items()}
-    return weights, optimizer.state_dict()
-
-
-def load_full_state(model: nn.Module, optimizer: torch.optim.Optimizer, weights: dict, optim: dict,
-                    fsdp: bool) -> None:
-    """The inverse of `full_state`: every process loads the full states (FSDP keeps its shard)."""
-    if fsdp:
-        from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions, set_model_state_dict, set_optimizer_state_dict)
-
-        options = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(model, weights, options=options)
-        set_optimizer_state_dict(model, optimizer, optim, options=options)
-        return
-    unwrap(model).load_state_dict(weights)
-    optimizer.load_state_dict(optim)
-
-
 # ------------------------------------------------------------------- checkpoint files
-
-
-def rng_states(anchor_generator: torch.Generator) -> dict:
-    """The random states an exact resume needs, as tensors (loadable with weights_only=True)."""
-    return {"torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-            "anchors": anchor_generator.get_state()}
-
-
-def restore_rng_states(states: dict, anchor_generator: torch.Generator) -> None:
-    """The inverse of `rng_states` (a checkpoint of an older version may hold more states: unused)."""
-    torch.set_rng_state(states["torch"])
-    if states["cuda"]:
-        torch.cuda.set_rng_state_all(states["cuda"])
-    anchor_generator.set_state(states["anchors"])
 
 
 def save_checkpoint(out: Path, drafter_config: DrafterConfig, weights: dict, state: dict) -> None:
@@ -493,18 +354,13 @@ def save_checkpoint(out: Path, drafter_config: DrafterConfig, weights: dict, sta
     release = Drafter(drafter_config)
     release.load_state_dict(weights)
     release.save_pretrained(out)
-    write_atomically(out / "training_state.pt", lambda tmp: torch.save({**state, "model": weights}, tmp))
+    save_training_state(out / "training_state.pt", {**state, "model": weights})
 
 
-def load_training_state(out: Path, target: Qwen3Config, cfg: TrainConfig) -> dict:
-    """Read `training_state.pt` safely (weights_only: tensors and plain containers, no pickled code)."""
+def load_resume_state(out: Path, target: Qwen3Config, cfg: TrainConfig) -> dict:
+    """`training_state.pt`, if it continues this run: the same target, and the options that shape the result."""
     path = out / "training_state.pt"
-    if not path.exists():
-        raise UsageError(f"{path}: nothing to resume (no training state)")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # a truncated or foreign file: torch raises several error types
-        raise UsageError(f"{path}: not a readable training state ({type(err).__name__})") from None
+    state = load_training_state(path)
     if state["target_config"] != asdict(target):
         changed = next(k for k, v in asdict(target).items() if state["target_config"].get(k) != v)
         raise UsageError(f"{path}: trained for another target ({changed}={state['target_config'].get(changed)!r}, "
@@ -516,34 +372,25 @@ def load_training_state(out: Path, target: Qwen3Config, cfg: TrainConfig) -> dic
     return state
 
 
-def prepare_out(out: Path, resume: bool, force: bool) -> None:
-    """Refuse to mix a new run into an old one by accident."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"{out}: exists and is not a folder")
-    if out.exists() and any(out.iterdir()) and not (resume or force):
-        raise UsageError(f"{out}: exists and is not empty (use --resume to continue or --force to overwrite)")
-    if force and not resume:
-        (out / "train_log.jsonl").unlink(missing_ok=True)
-        (out / "training_state.pt").unlink(missing_ok=True)
-    out.mkdir(parents=True, exist_ok=True)
-
-
 # ----------------------------------------------------------------------- evaluation
 
 
 def evaluate_tau(target: Qwen3, drafter: Drafter, prompts: list[list[int]], max_new_tokens: int,
-                 block_size: int, stop_ids: Sequence[int]) -> tuple[float, float]:
+                 block_size: int, stop_ids: Sequence[int],
+                 first_token_choices: Sequence[list[int] | None] | None = None) -> tuple[float, float]:
     """Real speculative decoding, greedy: (tokens committed, verification steps) summed over prompts.
 
-    tau = tokens / steps. The drafter runs in the target's dtype, as it would in use.
+    tau = tokens / steps. The drafter runs in the target's dtype, as it would in use;
+    `first_token_choices[i]` restricts prompt i's first new token (token healing).
     """
     weight = target.embed_tokens.weight
     copy = Drafter(drafter.config).to(device=weight.device)
     copy.load_state_dict(drafter.state_dict())
     copy = copy.to(dtype=weight.dtype).eval()
     tokens = steps = 0
-    for prompt in prompts:
-        result = generate_dflash(target, copy, prompt, max_new_tokens, block_size=block_size, stop_ids=stop_ids)
+    for prompt, choices in zip(prompts, first_token_choices or [None] * len(prompts)):
+        result = generate_dflash(target, copy, prompt, max_new_tokens, block_size=block_size, stop_ids=stop_ids,
+                                 first_token_choices=choices)
         tokens += sum(result.acceptance_lengths)
         steps += result.steps
     return float(tokens), float(steps)
@@ -562,7 +409,7 @@ class Run:
     def __init__(self, cfg: TrainConfig, place: Distributed):
         """Load the target and the data, build the drafter, its optimiser and schedule; resume if asked."""
         if place.main:
-            prepare_out(Path(cfg.out), cfg.resume, cfg.force)
+            prepare_run_folder(Path(cfg.out), cfg.resume, cfg.force, outputs=("train_log.jsonl", "training_state.pt"))
         if cfg.fsdp and cfg.eval_prompts:
             raise UsageError("--eval-prompts is not supported with --fsdp "
                              "(evaluate the saved drafter with generate.py)")
@@ -574,10 +421,11 @@ class Run:
         self.stop_ids = stop_token_ids(tokenizer_folder, tokenizer)
         self.drafter_config = build_drafter_config(cfg, self.target.config, tokenizer)
         self.sequences = load_sequences(Path(cfg.data), cfg.max_seq_len, vocab_size)
-        self.eval_prompts = []  # this process's share of the held-out prompts
-        if cfg.eval_prompts:  # rendered as make_data.py renders the training prompts
-            prompts = prompt_ids(Path(cfg.eval_prompts), tokenizer, None, False, vocab_size)
-            self.eval_prompts = prompts[place.rank::place.world]
+        # This process's share of the held-out prompts, rendered (and healed) as make_data.py renders its own.
+        prompts = encode_prompts(Path(cfg.eval_prompts), tokenizer, None, False, not cfg.no_token_healing,
+                                 vocab_size)[place.rank::place.world] if cfg.eval_prompts else []
+        self.eval_prompts = [ids for ids, _ in prompts]
+        self.eval_choices = [choices for _, choices in prompts]  # the first token's, where token healing applies
         drafter = Drafter(self.drafter_config)
         init_drafter(drafter, cfg.seed)
         self.model = wrap_for_training(drafter.to(device).train(), place, cfg.fsdp)
@@ -598,13 +446,13 @@ class Run:
 
     def resume(self) -> None:
         """Put the run back where its last checkpoint left it: weights, optimiser, schedule, anchors, clock."""
-        state = load_training_state(self.out, self.target.config, self.cfg)
+        state = load_resume_state(self.out, self.target.config, self.cfg)
         if len(state["rng"]) != self.place.world:
             raise UsageError(f"--resume: the run used {len(state['rng'])} process(es), this one {self.place.world} "
                              f"(an exact resume needs the same number)")
         load_full_state(self.model, self.optimizer, state["model"], state["optimizer"], self.cfg.fsdp)
         self.scheduler.load_state_dict(state["scheduler"])
-        restore_rng_states(state["rng"][self.place.rank], self.anchor_generator)
+        restore_rng_states(state["rng"][self.place.rank], anchors=self.anchor_generator)
         self.step, self.elapsed_before = state["step"], state["elapsed"]
 
     def seconds(self) -> float:
@@ -625,11 +473,7 @@ class Run:
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.place.device.type == "cuda"):
             loss, correct, counted = drafter_loss(self.target, self.model, input_ids, loss_mask, anchors, real,
                                                   self.drafter_config, self.slot_weights)
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
-        self.optimizer.step()
-        self.scheduler.step()
+        optimizer_step(loss, self.model, self.optimizer, self.cfg.grad_clip, self.scheduler)
         self.step += 1
         self.sums[0, 0] += loss.detach()
         self.sums[1] += correct
@@ -652,7 +496,7 @@ class Run:
     def save(self) -> None:
         """Checkpoint: the released drafter layout plus all that `--resume` needs (a collective call)."""
         weights, optimizer_state = full_state(self.model, self.optimizer, self.cfg.fsdp)
-        rng = self.place.gather(rng_states(self.anchor_generator))  # every process's anchor sampler
+        rng = self.place.gather(rng_states(anchors=self.anchor_generator))  # every process's anchor sampler
         if self.place.main:
             state = {"step": self.step, "elapsed": self.elapsed_before + self.seconds(),
                      "optimizer": optimizer_state, "scheduler": self.scheduler.state_dict(), "rng": rng,
@@ -662,7 +506,7 @@ class Run:
     def evaluate(self) -> float | None:
         """Real speculative decoding of the held-out prompts; tau pooled over every process's share."""
         totals = evaluate_tau(self.target, unwrap(self.model), self.eval_prompts, self.cfg.eval_max_new_tokens,
-                              self.cfg.block_size, self.stop_ids)
+                              self.cfg.block_size, self.stop_ids, self.eval_choices)
         tokens, steps = self.place.sum(torch.tensor(totals, device=self.place.device)).tolist()
         return tokens / steps if steps else None
 
@@ -681,22 +525,10 @@ class Run:
         bar.set_postfix(postfix)
 
 
-def every(step: int, period: int) -> bool:
-    """Is `step` one of every `period` steps? Never when the period is 0 (off)."""
-    return period > 0 and step % period == 0
-
-
 def run_training(cfg: TrainConfig) -> dict:
-    """Train (or resume), checkpoint, log. Returns the last log record."""
-    place = setup_distributed(cfg.device)
-    try:
-        record = train_loop(cfg, place)
-        if place.world > 1:
-            dist.barrier()  # no process leaves the group while the main one still writes the checkpoint
-        return record
-    finally:
-        if place.world > 1:
-            dist.destroy_process_group()
+    """Train (or resume), checkpoint, log, in this process's place of the job. Returns the last log record."""
+    with distributed_run(cfg.device) as place:
+        return train_loop(cfg, place)
 
 
 def train_loop(cfg: TrainConfig, place: Distributed) -> dict:
@@ -749,37 +581,11 @@ Bad input exits with status 2 and one line on stderr.
 """
 
 
-def layer_list(text: str) -> list[int]:
-    """Read `--target-layer-ids 1,9,17` as [1, 9, 17]."""
-    try:
-        return [int(piece) for piece in text.split(",") if piece.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
-
-
-def option_type(hint) -> typing.Callable[[str], object]:
-    """How a field's option reads its value: `int | None` as an int, `list[int]` as 1,2,3."""
-    if isinstance(hint, types.UnionType):  # X | None: optional, read as X
-        hint = next(kind for kind in typing.get_args(hint) if kind is not type(None))
-    return layer_list if hint == list[int] else hint
-
-
 def build_parser() -> argparse.ArgumentParser:
     """One option per TrainConfig field: its name, type, default and help all come from the dataclass."""
     parser = OneLineErrors(description="Train a DFlash drafter for a frozen Qwen3 target.",
                            epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    hints = typing.get_type_hints(TrainConfig)
-    for spec in fields(TrainConfig):
-        if spec.name in DEVICE_OPTIONS:
-            continue
-        flag, text = "--" + spec.name.replace("_", "-"), spec.metadata["help"]
-        if hints[spec.name] is bool:
-            parser.add_argument(flag, action="store_true", help=text)
-            continue
-        if spec.default not in (None, ""):
-            text += f" (default: {spec.default})"
-        parser.add_argument(flag, type=option_type(hints[spec.name]), default=spec.default, help=text,
-                            required=spec.metadata.get("required", False))
+    add_config_options(parser, TrainConfig, skip=DEVICE_OPTIONS)
     add_device_options(parser)
     return parser
 

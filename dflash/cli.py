@@ -66,6 +66,21 @@ def add_device_options(parser: argparse.ArgumentParser) -> None:
                         help="auto: bfloat16 on CUDA, float32 on CPU")
 
 
+def add_prompt_options(parser: argparse.ArgumentParser) -> None:
+    """`--chat/--raw`, `--thinking` and `--no-token-healing`: how text becomes the prompt, everywhere alike.
+
+    Generation, benchmarking and making the drafter's data must render prompts the
+    same way: a drafter trained on prompts rendered otherwise meets, at inference, a
+    distribution it never learnt.
+    """
+    parser.add_argument("--chat", action="store_true", default=None,
+                        help="wrap text prompts in the chat template (default: when the tokenizer has one)")
+    parser.add_argument("--raw", dest="chat", action="store_false", help="feed text prompts as they are")
+    parser.add_argument("--thinking", action="store_true", help="render chat prompts with thinking on")
+    parser.add_argument("--no-token-healing", dest="token_healing", action="store_false",
+                        help="keep a raw prompt's last token even when it ends mid-token (a trailing newline or space)")
+
+
 # ---------------------------------------------------------------------- device and dtype
 
 

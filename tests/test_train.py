@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 import generate
 import make_data
 import train
-from dflash.cli import Prompt, UsageError, encode_prompt
+from dflash.cli import Prompt, UsageError, encode_for_generation, encode_prompt, read_prompts
 from dflash.drafter import Drafter, DrafterConfig
 from dflash.qwen3 import Qwen3, Qwen3Config
 from dflash.tokenizer import load_tokenizer
@@ -24,6 +24,7 @@ from dflash.tokenizer import load_tokenizer
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 TINY = FIXTURES / "qwen3-tiny"
+DEMO = ROOT / "weights" / "tiny-qwen3"  # the demo target: a real tokenizer, trained on code
 
 
 # ----------------------------------------------------------------- mask and labels
@@ -223,6 +224,11 @@ def prompts_file(path: Path, *records) -> Path:
     return path
 
 
+def prompt_ids(path: Path, tokenizer, chat, thinking, token_healing=False) -> list[list[int]]:
+    """What make_data.py feeds the target for each prompt of the file (its ids only)."""
+    return [ids for ids, _ in make_data.encode_prompts(path, tokenizer, chat, thinking, token_healing, 10**6)]
+
+
 @pytest.mark.parametrize("thinking", [False, True])
 def test_data_prompts_match_the_inference_cli(tmp_path, tokenizer, thinking):
     """make_data.py renders a conversation as generate.py renders `--chat --prompt QUESTION`."""
@@ -231,23 +237,22 @@ def test_data_prompts_match_the_inference_cli(tmp_path, tokenizer, thinking):
     turn = {"role": "user", "content": question}
     answer = {"role": "assistant", "content": "The dataset's answer."}
     path = prompts_file(tmp_path / "p.jsonl", {"messages": [turn]}, {"messages": [turn, answer]}, {"text": question})
-    ids = make_data.prompt_ids(path, tokenizer, None, thinking, vocab_size=10**6)
-    assert ids == [cli_ids] * 3  # the dataset's own answer is dropped: the target writes its own
+    ids = prompt_ids(path, tokenizer, None, thinking, token_healing=True)
+    assert ids == [cli_ids] * 3  # the dataset's own answer is dropped: the target writes its own; no healing in chat
 
 
 def test_thinking_mode_changes_the_prompt(tmp_path, tokenizer):
     path = prompts_file(tmp_path / "p.jsonl", {"messages": [{"role": "user", "content": "hi"}]})
-    assert (make_data.prompt_ids(path, tokenizer, None, False, 10**6)
-            != make_data.prompt_ids(path, tokenizer, None, True, 10**6))
+    assert prompt_ids(path, tokenizer, None, False) != prompt_ids(path, tokenizer, None, True)
 
 
 def test_plain_text_and_ids_prompts(tmp_path, tokenizer):
     txt = tmp_path / "p.txt"
     txt.write_text("hello world\n\nsecond\n")
     expected = [tokenizer.encode("hello world"), tokenizer.encode("second")]
-    assert make_data.prompt_ids(txt, tokenizer, False, False, 10**6) == expected
+    assert prompt_ids(txt, tokenizer, False, False) == expected
     jsonl = prompts_file(tmp_path / "p.jsonl", {"prompt_ids": [1, 2]}, {"text": "hello world"}, {"prompt": "second"})
-    assert make_data.prompt_ids(jsonl, tokenizer, False, False, 10**6) == [[1, 2], *expected]
+    assert prompt_ids(jsonl, tokenizer, False, False) == [[1, 2], *expected]
 
 
 # ------------------------------------------------------------------ data generation
@@ -281,6 +286,33 @@ def test_make_data_batched_equals_one_by_one_and_resumes(tmp_path):
     out.write_text("\n".join(full[:2]) + "\n" + full[2][:15])  # a crash mid-line
     assert make_data.main(argv) == 0
     assert sorted(out.read_text().splitlines()) == sorted(full)
+
+
+def test_make_data_heals_raw_prompts_as_inference_does(tmp_path):
+    """A raw prompt ending mid-token ("\n" before the body's indentation) loses that token, and the answer's
+    first token writes it again, as generate.py heals it; batched rows, healed or not, equal one by one."""
+    texts = ["def add(a, b):\n", "class Config:\n    def __init__(self):\n", "x = compute(1, 2"]
+    path = prompts_file(tmp_path / "prompts.jsonl", {"prompt": texts[0]}, {"prompt_ids": [5, 6, 7, 8]},
+                        *({"prompt": text} for text in texts[1:]))
+    out = tmp_path / "data.jsonl"
+    assert make_data.main(make_data_argv(path, out, target=DEMO)) == 0  # batches of 3: healed and not, mixed
+    tokenizer, target = load_tokenizer(DEMO), Qwen3.from_pretrained(DEMO)
+    records = sorted((json.loads(line) for line in out.read_text().splitlines()), key=lambda r: r["index"])
+    for record, prompt in zip(records, read_prompts(path), strict=True):
+        ids, choices = encode_for_generation(prompt, tokenizer)
+        alone = generate.generate_autoregressive(target, ids, 10, stop_ids=tokenizer.stop_token_ids,
+                                                 first_token_choices=choices).new_ids
+        assert record["input_ids"] == ids + alone
+        assert record["loss_mask"] == [0] * len(ids) + [1] * len(alone)
+        assert (choices is None) == (prompt.text is None)  # every raw prompt here ends mid-token
+    healed = tokenizer.encode(texts[0])[:-1]  # the prompt without its "\n"
+    assert records[0]["input_ids"][:len(healed)] == healed and records[0]["loss_mask"][len(healed)] == 1
+    assert tokenizer.decode(records[0]["input_ids"][len(healed):][:1]).startswith("\n")
+    assert tokenizer.decode(records[0]["input_ids"]).startswith(texts[0])
+    unhealed = tmp_path / "unhealed.jsonl"
+    assert make_data.main(make_data_argv(path, unhealed, "--no-token-healing", target=DEMO)) == 0
+    first = json.loads(unhealed.read_text().splitlines()[0])
+    assert first["input_ids"][:len(healed) + 1] == tokenizer.encode(texts[0]) and first["loss_mask"][len(healed)] == 0
 
 
 def short_context_target(tmp_path: Path, context: int) -> Path:

@@ -28,9 +28,10 @@ from tokenizers import Tokenizer
 from tqdm import tqdm
 
 from paths import CORPUS, WEIGHTS, WORK, require  # also puts the repository root on sys.path, for dflash
-from dflash.checkpoint import write_atomically, write_json_atomically
-from dflash.cli import OneLineErrors, UsageError, run_cli
+from dflash.checkpoint import write_json_atomically
+from dflash.cli import OneLineErrors, run_cli
 from dflash.qwen3 import Qwen3, Qwen3Config
+from dflash.training import load_training_state, optimizer_step, save_training_state
 
 
 def build_model(vocab_size: int, args) -> Qwen3:
@@ -58,7 +59,7 @@ def random_windows(tokens: np.ndarray, batch: int, length: int, generator: torch
 def learning_rate(done: float, peak: float, warmup: float) -> float:
     """Linear warm-up over the first `warmup` fraction of training, then cosine down to 10 %.
 
-    Not `train.py`'s `cosine_with_warmup`: this schedule follows the fraction of the
+    Not `dflash.training.cosine_with_warmup`: this schedule follows the fraction of the
     run done (of the time budget, or of `--steps`), not a step count known in advance,
     and it ends at 10 % of the peak rather than 0.
     """
@@ -97,7 +98,7 @@ def make_optimizer(model: Qwen3, lr: float) -> torch.optim.AdamW:
 def save_state(path: Path, model, optimizer, step, total, generator, log) -> None:
     state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step, "total": total,
              "generator": generator.get_state(), "log": json.dumps(log)}
-    write_atomically(path, lambda tmp: torch.save(state, tmp))
+    save_training_state(path, state)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -144,9 +145,7 @@ def main(args: argparse.Namespace) -> int:
 
     step, log, total = 0, [], args.steps
     if args.resume:
-        if not state_path.is_file():
-            raise UsageError(f"--resume: {state_path} not found (no earlier run to continue)")
-        state = torch.load(state_path, weights_only=True)
+        state = load_training_state(state_path)
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         generator.set_state(state["generator"])
@@ -166,10 +165,7 @@ def main(args: argparse.Namespace) -> int:
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(fraction_done(step, elapsed), args.lr, args.warmup)
         loss = next_token_loss(model, random_windows(train, args.batch_size, args.seq_len, generator))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        optimizer_step(loss, model, optimizer, grad_clip=1.0)
         step += 1
         previous, elapsed = elapsed, elapsed_before + time.time() - started
         entry = {"step": step, "train_loss": loss.item(), "elapsed": elapsed}
