@@ -60,8 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(args: argparse.Namespace) -> int:
     split = json.loads(require(args.split, "recipes/tiny/build_corpus.py").read_text())
     root, rng = Path(split["stdlib"]), random.Random(args.seed)
-    write_jsonl(args.train_out,
-                sample_prompts([root / f for f in split["train"]], args.train_count, args.context_lines, rng))
+    # Prompts come from the stdlib's files only: the held-out prompts do, and the drafter
+    # should learn on the kind of text it is measured on (`--extra-packages` only feeds the target).
+    stdlib_train = [root / f for f in split["train"] if not f.startswith("site-packages/")]
+    write_jsonl(args.train_out, sample_prompts(stdlib_train, args.train_count, args.context_lines, rng))
     write_jsonl(args.heldout_out,
                 sample_prompts([root / f for f in split["heldout"]], args.heldout_count, args.context_lines, rng))
     return 0
