@@ -2,7 +2,7 @@
 
     python bench.py --model DIR --draft DIR --prompts FILE \\
         --block-sizes 4 8 16 --temperatures 0 0.7 1.0 --max-new-tokens 128 \\
-        [--json results.json] [--plots DIR] [--peer transformers]
+        [--trees 8 16 32 64] [--json results.json] [--plots DIR] [--peer transformers]
 
 What a speedup figure is worth depends on what the model wrote, so the benchmark
 reports, from one run:
@@ -35,6 +35,13 @@ reports, from one run:
   measured speedup includes the prefill and the ideal does not, so a short output
   loses some efficiency to it; the JSON's `decode_speedup` compares the time per
   token after the first instead.
+- **Chain against trees** (`--trees N ...`): draft trees of N nodes
+  (`generate_dflash_tree`) at the largest block size, timed as the chain is (the
+  tree's draft and verify passes are its "draft" and "verify"; building the tree,
+  the walk and the compaction fall in the bookkeeping). A table puts them beside
+  the chain at that block: tau, the cost of a step, and the speedups over the plain
+  loop and over the chain. A tree pays for its tau with a costlier verify pass
+  (N + 1 tokens instead of a block) and host work per step.
 - **Side by side with what users know** (`--peer transformers`, needs the optional
   `transformers` extra): `transformers`' greedy `generate` on the same target,
   timed the same way, and its outputs checked against the plain loop's.
@@ -65,7 +72,8 @@ from dflash.cli import (PROMPT_FORMAT, OneLineErrors, UsageError, add_device_opt
                         stop_token_ids)
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
-from generate import WEIGHTS, Generation, ModelRunner, generate_autoregressive, generate_dflash, synchronize
+from generate import (WEIGHTS, Generation, ModelRunner, generate_autoregressive, generate_dflash, generate_dflash_tree,
+                      synchronize)
 
 NGRAM = 4  # repetition is judged on 4-grams of token ids
 DEGENERATE_BELOW = 0.3  # a distinct-4-gram ratio under this is a degenerate (repetitive) output
@@ -135,6 +143,12 @@ def ideal_speedup(tau: float, t_decode: float, t_draft: float, t_verify: float) 
 def efficiency(speedup: float, tau: float, t_decode: float, t_draft: float, t_verify: float) -> float | None:
     """Measured speedup / ideal speedup: the share of what tau promises that the loop delivers."""
     return ratio(speedup, ideal_speedup(tau, t_decode, t_draft, t_verify))
+
+
+def step_ms(per_step_ms: dict[str, float | None]) -> float | None:
+    """The cost of one step, in ms: its phases added up (draft, verify, bookkeeping), None if one is missing."""
+    values = list(per_step_ms.values())
+    return sum(values) if values and None not in values else None
 
 
 # ------------------------------------------------------------------- one measured run
@@ -216,12 +230,16 @@ def patched(runner: ModelRunner, **methods: Callable):
                 setattr(runner, name, old)
 
 
-def measure(loop: Callable[[], Generation], runner: ModelRunner, phases: Sequence[str],
+def measure(loop: Callable[[], Generation], runner: ModelRunner, phases: dict[str, str],
             device: torch.device) -> Run:
-    """Run `loop` twice: clean (the speed), then with the `phases` of `runner` timed (where the time goes)."""
+    """Run `loop` twice: clean (the speed), then with methods of `runner` timed (where the time goes).
+
+    `phases` maps each phase's name to the runner method it times, e.g. the tree's
+    "verify" phase is `verify_tree`.
+    """
     result = loop()
     clock = PhaseClock(device)
-    with patched(runner, **{name: clock.wrap(name, getattr(runner, name)) for name in phases}):
+    with patched(runner, **{method: clock.wrap(name, getattr(runner, method)) for name, method in phases.items()}):
         timed = loop()
     return Run(result, timed, clock.seconds, clock.calls)
 
@@ -252,6 +270,7 @@ class Loops:
     stop_ids: list[int]
     seed: int
     max_new_tokens: int
+    tree_runners: dict[int, ModelRunner] = field(default_factory=dict)  # one per tree budget
 
     @property
     def device(self) -> torch.device:
@@ -278,12 +297,23 @@ class Loops:
                                generator=self.generator(), runner=self.runners[block_size],
                                first_token_choices=prompt.first_token_choices)
 
+    def tree(self, prompt: BenchPrompt, temperature: float, budget: int,
+             max_new_tokens: int | None = None) -> Generation:
+        return generate_dflash_tree(self.target, self.drafter, prompt.ids, max_new_tokens or self.max_new_tokens,
+                                    budget=budget, temperature=temperature, stop_ids=self.stop_ids,
+                                    generator=self.generator(), runner=self.tree_runners[budget],
+                                    first_token_choices=prompt.first_token_choices)
+
     def measure_plain(self, prompt: BenchPrompt, temperature: float) -> Run:
-        return measure(lambda: self.plain(prompt, temperature), self.plain_runner, ["decode"], self.device)
+        return measure(lambda: self.plain(prompt, temperature), self.plain_runner, {"decode": "decode"}, self.device)
 
     def measure_dflash(self, prompt: BenchPrompt, temperature: float, block_size: int) -> Run:
         return measure(lambda: self.dflash(prompt, temperature, block_size), self.runners[block_size],
-                       ["draft", "verify"], self.device)
+                       {"draft": "draft", "verify": "verify"}, self.device)
+
+    def measure_tree(self, prompt: BenchPrompt, temperature: float, budget: int) -> Run:
+        return measure(lambda: self.tree(prompt, temperature, budget), self.tree_runners[budget],
+                       {"draft": "draft_tree", "verify": "verify_tree"}, self.device)
 
     def greedy_truth(self, prompt: BenchPrompt, longest_block: int) -> torch.Tensor:
         """The prompt and its greedy continuation, long enough for the oracle's last block: (n,).
@@ -381,7 +411,7 @@ def summarize_row(runs: Sequence[Run], baseline: Sequence[Run], temperature: flo
 class Row:
     """DFlash (or its oracle) at one temperature and block size, with the plain loop's runs on the same prompts."""
 
-    kind: str  # "DFlash" or "oracle"
+    kind: str  # "DFlash", "oracle" or "tree N" (a draft tree of N nodes)
     temperature: float
     block_size: int
     runs: list[Run]
@@ -409,12 +439,15 @@ def warm_up(loops: Loops, prompt: BenchPrompt, block_sizes: Sequence[int], tempe
         loops.plain(prompt, temperature, tokens)
         for block_size in block_sizes:
             loops.dflash(prompt, temperature, block_size, tokens)
+        for budget in loops.tree_runners:
+            loops.tree(prompt, temperature, budget, tokens)
     return time.perf_counter() - began
 
 
 def benchmark(loops: Loops, prompts: Sequence[BenchPrompt], block_sizes: Sequence[int],
               temperatures: Sequence[float], oracle: bool) -> tuple[dict[float, list[Run]], list[Row]]:
-    """Every measured run: the plain loop per temperature, DFlash per temperature and block, the oracle at 0."""
+    """Every measured run: the plain loop per temperature, DFlash per temperature and block, the oracle at 0,
+    and a tree per temperature and budget of `loops.tree_runners` (at their block size)."""
     baselines, rows = {}, []
     for temperature in temperatures:
         progress(f"temperature {temperature:g}: plain loop, {len(prompts)} prompts")
@@ -423,6 +456,10 @@ def benchmark(loops: Loops, prompts: Sequence[BenchPrompt], block_sizes: Sequenc
             progress(f"temperature {temperature:g}: DFlash, block {block_size}")
             runs = [loops.measure_dflash(p, temperature, block_size) for p in prompts]
             rows.append(Row("DFlash", temperature, block_size, runs, baseline))
+        for budget, runner in loops.tree_runners.items():
+            progress(f"temperature {temperature:g}: tree of {budget} nodes, block {runner.block_size}")
+            runs = [loops.measure_tree(p, temperature, budget) for p in prompts]
+            rows.append(Row(f"tree {budget}", temperature, runner.block_size, runs, baseline))
         if oracle and temperature == 0:
             progress("temperature 0: the oracle (drafts = the target's own greedy continuation)")
             truths = [loops.greedy_truth(p, max(block_sizes)) for p in prompts]
@@ -586,7 +623,22 @@ def build_report(conditions: dict, prompts: Sequence[BenchPrompt], baselines: di
             **summarize_row(row.runs, row.baseline, row.temperature, row.block_size),
             "per_prompt": per_prompt(row, prompts, oracle),
         })
+    for row in report["rows"]:
+        chain = next((r for r in report["rows"] if r["kind"] == "DFlash" and r["block_size"] == row["block_size"]
+                      and r["temperature"] == row["temperature"]), None)
+        if row["kind"].startswith("tree") and chain is not None:
+            for half in ("all", "non_degenerate"):
+                row[half]["versus_chain"] = tree_versus_chain(row[half], chain[half])
     return report
+
+
+def tree_versus_chain(tree: dict, chain: dict) -> dict:
+    """A tree's figures over the chain's at the same block and temperature: tau, step cost and speed, as ratios."""
+    if not tree["prompts"] or not chain["prompts"]:
+        return {"tau": None, "step_cost": None, "speedup": None}
+    return {"tau": ratio(tree["tau"], chain["tau"]),
+            "step_cost": ratio(step_ms(tree["per_step_ms"]), step_ms(chain["per_step_ms"])),
+            "speedup": ratio(tree["tokens_per_second"], chain["tokens_per_second"])}
 
 
 def table(columns: Sequence[tuple[str, int, str]], rows: Sequence[Sequence], indent: str = "") -> str:
@@ -630,20 +682,20 @@ def print_summary(report: dict) -> None:
     keys = ("prompts", "tau", "tokens_per_second", "speedup", "efficiency")
     half = [("prompts", 7, "d"), ("tau", 6, ".2f"), ("tok/s", 8, ".1f"), ("speedup", 8, ".2fx"),
             ("efficiency", 10, ".2f")]
-    columns = [("temp", 4, "g"), ("block", 5, "s"), ("loop", 6, "s")] + half + [("|", 1, "s")] + half
+    columns = [("temp", 4, "g"), ("block", 5, "s"), ("loop", 7, "s")] + half + [("|", 1, "s")] + half
     lines = []
     for baseline, rows in rows_by_temperature(report):
         for name, block, figures in [("plain", "-", baseline)] + [(r["kind"], str(r["block_size"]), r) for r in rows]:
             lines.append([baseline["temperature"], block, name, *(figures["all"].get(key) for key in keys), "|",
                           *(figures["non_degenerate"].get(key) for key in keys)])
-    print(f"\nsummary\n{'':18}{'all prompts':<44}| non-degenerate prompts")
+    print(f"\nsummary\n{'':19}{'all prompts':<44}| non-degenerate prompts")
     print(table(columns, lines))
 
 
 def print_phases(report: dict) -> None:
     print("\nwhere the time goes, all prompts, in ms. From the clean pass: the first token, and per token after it;\n"
           "from the timed pass, per step: draft, verify, decode, and accepting and bookkeeping (the rest)")
-    columns = [("temp", 4, "g"), ("block", 5, "s"), ("loop", 6, "s"), ("1st token", 9, ".2f"), ("per token", 9, ".2f"),
+    columns = [("temp", 4, "g"), ("block", 5, "s"), ("loop", 7, "s"), ("1st token", 9, ".2f"), ("per token", 9, ".2f"),
                ("draft", 7, ".2f"), ("verify", 7, ".2f"), ("decode", 7, ".2f"), ("bookkeeping", 11, ".3f"),
                ("ideal speedup", 13, ".2fx")]
     lines = []
@@ -654,6 +706,32 @@ def print_phases(report: dict) -> None:
             lines.append([baseline["temperature"], block, name, a.get("first_token_ms"),
                           a.get("time_per_output_token_ms"), steps.get("draft"), steps.get("verify"),
                           steps.get("decode"), steps.get("accept_and_bookkeeping"), a.get("ideal_speedup")])
+    print(table(columns, lines))
+
+
+def print_trees(report: dict) -> None:
+    """The chain and the trees at its block size, per temperature: what a tree buys (tau) and what it costs (a step)."""
+    trees = [row for row in report["rows"] if row["kind"].startswith("tree")]
+    if not trees:
+        return
+    block = trees[0]["block_size"]
+    print(f"\nchain vs trees (block {block}), non-degenerate prompts: tau and its ratio to the chain's; the cost of "
+          "a step\n(draft + verify + bookkeeping, ms) and its ratio; tokens/s; the speedup over the plain loop and "
+          "over the chain")
+    columns = [("temp", 4, "g"), ("loop", 7, "s"), ("prompts", 7, "d"), ("tau", 6, ".2f"), ("tau/chain", 9, ".2fx"),
+               ("step ms", 7, ".2f"), ("step/chain", 10, ".2fx"), ("tok/s", 8, ".1f"), ("vs plain", 8, ".2fx"),
+               ("vs chain", 8, ".2fx")]
+    lines = []
+    for row in report["rows"]:
+        if not (row["kind"].startswith("tree") or (row["kind"] == "DFlash" and row["block_size"] == block)):
+            continue
+        figures = row["non_degenerate"]
+        if not figures["prompts"]:
+            continue
+        versus_chain = figures.get("versus_chain", {"tau": 1.0, "step_cost": 1.0, "speedup": 1.0})
+        lines.append([row["temperature"], "chain" if row["kind"] == "DFlash" else row["kind"], figures["prompts"],
+                      figures["tau"], versus_chain["tau"], step_ms(figures["per_step_ms"]), versus_chain["step_cost"],
+                      figures["tokens_per_second"], figures["speedup"], versus_chain["speedup"]])
     print(table(columns, lines))
 
 
@@ -674,6 +752,7 @@ def print_report(report: dict) -> None:
             print_per_prompt(row)
     print_summary(report)
     print_phases(report)
+    print_trees(report)
     print_acceptance(report)
     memory = report["peak_memory"]
     if memory["bytes"] is not None:
@@ -746,6 +825,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", type=Path, default=WEIGHTS / "heldout_prompts.jsonl")
     p.add_argument("--block-sizes", type=int, nargs="+", default=None, help="default: the drafter's")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0])
+    p.add_argument("--trees", type=int, nargs="+", default=[], metavar="N",
+                   help="also run draft trees of N nodes, at the largest block size, beside the chain")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     add_device_options(p)
@@ -783,13 +864,19 @@ def run(args) -> int:
     max_length = max(len(p.ids) for p in prompts) + args.max_new_tokens + 2 * max(block_sizes)
     runners = {b: ModelRunner(target, drafter, max_length=max_length, block_size=b, compile=compile, mode=mode)
                for b in block_sizes}
-    loops = Loops(target, drafter, runners, stop_token_ids(args.model, tokenizer), args.seed, args.max_new_tokens)
+    if any(budget < 1 for budget in args.trees):
+        raise UsageError(f"--trees takes budgets of at least 1 node, got {args.trees}")
+    tree_runners = {n: ModelRunner(target, drafter, max_length=max_length + n + 1, block_size=max(block_sizes),
+                                   tree_budget=n, compile=compile, mode=mode) for n in args.trees}
+    loops = Loops(target, drafter, runners, stop_token_ids(args.model, tokenizer), args.seed, args.max_new_tokens,
+                  tree_runners)
     conditions = {
         "machine": machine(), "torch": torch.__version__, "threads": torch.get_num_threads(),
         "device": str(device), "dtype": str(dtype).removeprefix("torch."), "compile": compile, "batch_size": 1,
         "model": str(args.model), "draft": str(args.draft), "prompts_file": str(args.prompts),
         "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "block_sizes": block_sizes,
         "temperatures": args.temperatures, "seed": args.seed, "token_healing": args.token_healing,
+        "tree_budgets": args.trees, "tree_block_size": max(block_sizes) if args.trees else None,
         "healed_prompts": sum(p.first_token_choices is not None for p in prompts),
         "degenerate": f"distinct-{NGRAM}-gram ratio of the new tokens < {DEGENERATE_BELOW}",
         "timing": "tokens/s and time to first token from a clean pass; per-step phases from a second, timed pass",

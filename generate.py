@@ -1,15 +1,18 @@
 """Generate text with a Qwen3 target, alone or sped up by a DFlash drafter.
 
-Two loops share everything but their inner step:
+Three loops share everything but their inner step:
 
 - `generate_autoregressive`: one target forward pass per new token.
 - `generate_dflash`: the drafter guesses a whole block of tokens in one pass, the
   target checks the block in one pass, and every guess up to the first wrong one is
   kept, plus the target's own token at that point (the "bonus"). A step therefore
   commits between 1 and `block_size` tokens for one target pass.
+- `generate_dflash_tree`: the same draft pass, but the drafter's per-slot
+  distributions grow a tree of guesses (`dflash/tree.py`); the target checks every
+  node in one pass, and the longest path it agrees with is kept.
 
-Reading order: sampling, the result, the `ModelRunner` (the caches and the four
-fixed-shape forward passes), the two loops, and the command line.
+Reading order: sampling, the result, the `ModelRunner` (the caches and the
+fixed-shape forward passes), the loops, and the command line.
 """
 
 from __future__ import annotations
@@ -24,10 +27,11 @@ from typing import Callable, Sequence
 
 import torch
 
-from dflash.cli import (OneLineErrors, Prompt, add_device_options, encode_for_generation, find_tokenizer,
-                        pick_device, pick_dtype, run_cli, stop_token_ids)
+from dflash.cli import (OneLineErrors, Prompt, add_device_options, add_prompt_options, encode_for_generation,
+                        find_tokenizer, pick_device, pick_dtype, run_cli, stop_token_ids)
 from dflash.drafter import Drafter
 from dflash.qwen3 import KVCache, Qwen3
+from dflash.tree import DraftTree, build_tree, path_slots, verify_inputs, walk
 
 WEIGHTS = Path(__file__).parent / "weights"
 OnToken = Callable[[int, bool], None]  # (token id, came from an accepted draft)
@@ -95,17 +99,29 @@ class Generation:
 
 
 class Output:
-    """The committed new tokens: at most `limit`, and nothing after the first stop token (which is kept)."""
+    """The committed new tokens, and the clock that times them.
 
-    def __init__(self, limit: int, stop_ids: Sequence[int], on_token: OnToken | None):
-        self.limit, self.stop_ids, self.on_token = limit, set(stop_ids), on_token
+    At most `limit` tokens, and nothing after the first stop token (which is kept).
+    The clock runs from `start_clock` to `finish`, minus the time spent in `on_token`
+    (printing), and notes when the first token came.
+    """
+
+    def __init__(self, limit: int, stop_ids: Sequence[int], on_token: OnToken | None, device: torch.device):
+        self.limit, self.stop_ids, self.on_token, self.device = limit, set(stop_ids), on_token, device
         self.ids: list[int] = []
         self.stopped = False
-        self.callback_seconds = 0.0
+        self.began = self.callback_seconds = self.first_token_seconds = 0.0
 
     @property
     def done(self) -> bool:
         return self.stopped or len(self.ids) == self.limit
+
+    def start_clock(self) -> None:
+        synchronize(self.device)  # earlier queued GPU work is not ours to time
+        self.began = time.perf_counter()
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.began - self.callback_seconds
 
     def commit(self, tokens: list[int], drafted: list[bool]) -> None:
         for token, from_draft in zip(tokens, drafted):
@@ -113,10 +129,23 @@ class Output:
                 return
             self.ids.append(token)
             self.stopped = token in self.stop_ids
+            if len(self.ids) == 1:  # tokens arrive as Python ints: the device has already finished them
+                self.first_token_seconds = self.elapsed()
             if self.on_token is not None:
                 began = time.perf_counter()
                 self.on_token(token, from_draft)
                 self.callback_seconds += time.perf_counter() - began
+
+    def finish(self, acceptance_lengths: list[int]) -> Generation:
+        synchronize(self.device)
+        return Generation(self.ids, acceptance_lengths, self.elapsed(), self.callback_seconds,
+                          self.first_token_seconds)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so the clock measures the work and not its launch."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 # ---------------------------------------------------------------- the model runner
@@ -127,7 +156,8 @@ class ModelRunner:
 
     After the prefill, every pass has a shape that does not depend on where in the
     sequence it runs: one token (decode), one block (verify), one block of context plus
-    one block (draft). Positions travel as tensors, so each compiled pass compiles
+    one block (draft), and for draft trees `tree_budget + 1` nodes (the tree verify,
+    padded to the budget). Positions travel as tensors, so each compiled pass compiles
     once, whatever the prompt length or the acceptance pattern. Compilation is
     applied in one place, `__init__`; the caches then read their whole buffer under a
     position mask (`KVCache.fixed_shape`). Eager passes read only the committed slots.
@@ -135,6 +165,8 @@ class ModelRunner:
     The caches' `length` says what is committed. Each pass writes its chunk right
     after it; `prefill`, `decode` and `verify` then extend the target cache over the
     chunk, and the DFlash loop trims the rejected tail off after verification.
+    `verify_tree` commits nothing: `keep_path` moves the accepted path's entries next
+    to the committed ones and extends the cache over them.
 
     The passes pick tokens themselves (greedy: the argmax inside the pass, so only
     token ids leave it, not vocabulary-wide logits), and every output the loop keeps
@@ -145,9 +177,13 @@ class ModelRunner:
     """
 
     def __init__(self, target: Qwen3, drafter: Drafter | None = None, *, max_length: int,
-                 block_size: int | None = None, compile: bool = False, backend="inductor", mode: str | None = None):
+                 block_size: int | None = None, tree_budget: int = 0, tree_top_k: int | None = None,
+                 compile: bool = False, backend="inductor", mode: str | None = None):
         self.target, self.drafter, self.max_length = target, drafter, max_length
         self.block_size = block_size or (drafter.config.block_size if drafter is not None else 1)
+        self.tree_budget = tree_budget  # drafted nodes per tree (0: chains only)
+        # Candidates per slot: a node's r-th child needs r - 1 siblings first, so more than the budget is never used.
+        self.tree_top_k = min(tree_top_k or max(tree_budget, 1), target.config.vocab_size)
         weight = target.embed_tokens.weight
         self.target_cache = target.new_cache(max_length)
         self.drafter_cache = drafter.new_cache(max_length) if drafter is not None else None
@@ -159,8 +195,17 @@ class ModelRunner:
         self.target_tokens = torch.zeros(self.block_size, dtype=torch.long, device=weight.device)
         self.features = torch.zeros(1, self.block_size, len(self.layer_ids) * target.config.hidden_size,
                                     dtype=weight.dtype, device=weight.device)  # the last verify's, for the drafter
+        # The tree's: the drafter's candidates per slot, then the target's token and features at every node.
+        candidates = (self.block_size - 1, self.tree_top_k)
+        self.draft_logprobs = torch.zeros(candidates, dtype=torch.float32, device=weight.device)
+        self.draft_candidates = torch.zeros(candidates, dtype=torch.long, device=weight.device)
+        self.node_offsets = torch.arange(tree_budget + 1, device=weight.device)
+        self.node_tokens = torch.zeros(tree_budget + 1, dtype=torch.long, device=weight.device)
+        self.node_features = torch.zeros(1, tree_budget + 1, self.features.shape[-1], dtype=weight.dtype,
+                                         device=weight.device)
         self.compiled = compile
         self.decode_pass, self.verify_pass, self.draft_pass = self.decode_forward, self.verify_forward, self.draft_forward
+        self.verify_tree_pass, self.draft_tree_pass = self.verify_tree_forward, self.draft_tree_forward
         if compile:
             for cache in self.caches():
                 cache.fixed_shape = True
@@ -170,6 +215,8 @@ class ModelRunner:
             self.decode_pass = torch.compile(self.decode_forward, **fixed)
             self.verify_pass = torch.compile(self.verify_forward, **fixed)
             self.draft_pass = torch.compile(self.draft_forward, **fixed)
+            self.verify_tree_pass = torch.compile(self.verify_tree_forward, **fixed)  # compiled on first use only
+            self.draft_tree_pass = torch.compile(self.draft_tree_forward, **fixed)
 
     def caches(self) -> list[KVCache]:
         return [cache for cache in (self.target_cache, self.drafter_cache) if cache is not None]
@@ -187,9 +234,25 @@ class ModelRunner:
         return picks, features  # features: (1, block, n_layers * hidden)
 
     def draft_forward(self, context_features, context_positions, block_ids, block_positions) -> torch.Tensor:
+        logits = self.drafter_logits(context_features, context_positions, block_ids, block_positions)
+        return logits.argmax(dim=-1)  # (block - 1,): the chain drafts greedily
+
+    def verify_tree_forward(self, node_ids, positions, slots, tree_mask, greedy: bool):
+        logits, features = self.target(node_ids, positions, self.target_cache, capture_layers=self.layer_ids,
+                                       slots=slots, chunk_mask=tree_mask)
+        picks = logits[0].argmax(dim=-1) if greedy else logits[0]  # (nodes,) or (nodes, vocab)
+        return picks, features  # features: (1, nodes, n_layers * hidden)
+
+    def draft_tree_forward(self, context_features, context_positions, block_ids, block_positions):
+        logits = self.drafter_logits(context_features, context_positions, block_ids, block_positions)
+        logprobs = torch.log_softmax(logits.float(), dim=-1)  # (block - 1, vocab)
+        best = logprobs.topk(self.tree_top_k, dim=-1)  # the tree's candidates, likeliest first
+        return best.values, best.indices  # (block - 1, k) each
+
+    def drafter_logits(self, context_features, context_positions, block_ids, block_positions) -> torch.Tensor:
         hidden = self.drafter(context_features, self.target.embed_tokens(block_ids), context_positions,
                               block_positions, cache=self.drafter_cache)
-        return self.target.logits(hidden[0, 1:]).argmax(dim=-1)  # (block - 1,): the drafter drafts greedily
+        return self.target.logits(hidden[0, 1:])  # (block - 1, vocab): one distribution per drafted slot
 
     # What the loops call.
 
@@ -232,6 +295,24 @@ class ModelRunner:
         only those; a compiled pass keeps the whole block for a fixed shape, and the
         block it drafts overwrites the rejected tail, so that nothing reads it.
         """
+        self.block_ids[0, 1:] = self.run_drafter(context_features, last_token, start, tree=False)
+        return self.block_ids[0, 1:]  # (block - 1,): the drafts, in the runner's own buffer
+
+    def draft_tree(self, context_features: torch.Tensor, last_token: int, start: int):
+        """The drafter's `tree_top_k` likeliest tokens at each slot of the block after `last_token`.
+
+        The same pass as `draft`, over the same context (after `keep_path`, the
+        accepted path's features come first, as a chain's accepted block does).
+        Returns log-probabilities and token ids, (block - 1, k) each, likeliest first,
+        in the runner's buffers: slot d's are the candidates for depth d of the tree.
+        """
+        logprobs, candidates = self.run_drafter(context_features, last_token, start, tree=True)
+        self.draft_logprobs.copy_(logprobs)
+        self.draft_candidates.copy_(candidates)
+        return self.draft_logprobs, self.draft_candidates
+
+    def run_drafter(self, context_features: torch.Tensor, last_token: torch.Tensor | int, start: int, tree: bool):
+        """Feed the drafter its new context and the block [last_token, MASK, ...]; commit the context it keeps."""
         committed = start - self.drafter_cache.length  # context positions accepted since the last draft
         fixed = self.compiled and context_features.shape[1] == self.block_size
         if not fixed:
@@ -241,10 +322,12 @@ class ModelRunner:
         self.block_ids[0, 0] = last_token
         self.block_ids[0, 1:] = self.mask_token_id
         block_positions = self.block_offsets + start
-        run = self.draft_pass if fixed else self.draft_forward  # the prompt's context: any length, eager
-        self.block_ids[0, 1:] = run(context_features, context_positions, self.block_ids, block_positions)
+        compiled, eager = ((self.draft_tree_pass, self.draft_tree_forward) if tree
+                           else (self.draft_pass, self.draft_forward))
+        run = compiled if fixed else eager  # the prompt's context: any length, eager
+        drafted = run(context_features, context_positions, self.block_ids, block_positions)
         self.drafter_cache.extend(committed)  # the context is kept; the block's slots were scratch
-        return self.block_ids[0, 1:]  # (block - 1,): the drafts, in the runner's own buffer
+        return drafted
 
     def verify(self, drafts: torch.Tensor, temperature: float, generator: torch.Generator | None):
         """The target's token after each slot of [last token, drafts] (block,), and its features (1, block, F).
@@ -261,12 +344,44 @@ class ModelRunner:
         self.features.copy_(features)
         return self.target_tokens, self.features
 
+    def verify_tree(self, tree: DraftTree, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+        """The target's token after each node of `tree` (budget + 1,), padding nodes included.
+
+        Node i goes to cache slot start + i at position start + depth(i), and sees the
+        committed tokens, its ancestors and itself (`verify_inputs`). Nothing is
+        committed yet: `keep_path` does it once the walk has chosen the path. The
+        tokens, and the features `keep_path` reads, live in the runner's buffers.
+        """
+        tokens, depths, tree_mask = (t.to(self.node_offsets.device) for t in verify_inputs(tree, self.tree_budget))
+        start = self.target_cache.length
+        picks, features = self.verify_tree_pass(tokens[None], depths + start, self.node_offsets + start, tree_mask,
+                                                temperature == 0)
+        self.node_tokens.copy_(picks if temperature == 0 else sample(picks, temperature, generator))
+        self.node_features.copy_(features)
+        return self.node_tokens
+
+    def keep_path(self, path: list[int]) -> torch.Tensor:
+        """Commit the accepted `path` (node indices, root first) of the last tree verify.
+
+        Its keys and values move from their scattered slots to the slots right after
+        the committed ones (`path_slots`, `KVCache.compact`), which are then committed;
+        its features move to the front of the features buffer, where the next draft
+        reads its context (1, block, F), as after a chain's verify.
+        """
+        start = self.target_cache.length
+        device = self.node_offsets.device
+        self.target_cache.compact(torch.tensor(path_slots(path, start), device=device), start)
+        self.target_cache.extend(len(path))
+        self.features[:, :len(path)] = self.node_features[:, torch.tensor(path, device=device)]  # (1, path, F)
+        return self.features
+
 
 # ------------------------------------------------------------------------ the loops
 
 
 def check_request(target: Qwen3, prompt_ids: Sequence[int], max_new_tokens: int, temperature: float,
-                  runner: ModelRunner | None, drafter: Drafter | None = None, block_size: int = 1) -> None:
+                  runner: ModelRunner | None, drafter: Drafter | None = None, block_size: int = 1,
+                  tree_budget: int = 0) -> None:
     """Refuse, with one line, a request the models (and the runner, if given) cannot serve.
 
     The one check on the way from a public entry point to the passes; it runs before
@@ -290,16 +405,13 @@ def check_request(target: Qwen3, prompt_ids: Sequence[int], max_new_tokens: int,
                          f"got {block_size}")
     if runner is not None and block_size != runner.block_size:
         raise ValueError(f"block size {block_size} differs from the runner's {runner.block_size}")
-    needed = len(prompt_ids) + max_new_tokens + block_size  # the last block may reach past the end
+    if tree_budget and runner is not None and tree_budget != runner.tree_budget:
+        raise ValueError(f"tree budget {tree_budget} differs from the runner's {runner.tree_budget}")
+    chunk = max(block_size, tree_budget + 1)  # a block, or a tree's nodes
+    needed = len(prompt_ids) + max_new_tokens + chunk  # the last chunk may reach past the end
     if runner is not None and needed > runner.max_length:
-        raise ValueError(f"prompt ({len(prompt_ids)}) + max_new_tokens ({max_new_tokens}) + block "
-                         f"({block_size}) needs {needed} cache slots, the runner has {runner.max_length}")
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued GPU work, so the clock measures the work and not its launch."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        raise ValueError(f"prompt ({len(prompt_ids)}) + max_new_tokens ({max_new_tokens}) + block or tree "
+                         f"({chunk}) needs {needed} cache slots, the runner has {runner.max_length}")
 
 
 @torch.no_grad()
@@ -316,19 +428,15 @@ def generate_autoregressive(target: Qwen3, prompt_ids: Sequence[int], max_new_to
     check_request(target, prompt_ids, max_new_tokens, temperature, runner, block_size=block_size)
     runner = runner or ModelRunner(target, max_length=len(prompt_ids) + max_new_tokens + 1)
     device = target.embed_tokens.weight.device
-    output = Output(max_new_tokens, stop_ids, on_token)
-    synchronize(device)
-    began = time.perf_counter()
+    output = Output(max_new_tokens, stop_ids, on_token, device)
+    output.start_clock()
     prompt = torch.tensor([list(prompt_ids)], device=device)  # (1, n)
     token, _ = runner.prefill(prompt, temperature, generator, first_token_choices)  # (): the first new token
     output.commit([token.item()], [False])
-    first_token_seconds = time.perf_counter() - began - output.callback_seconds
     while not output.done:
         token = runner.decode(token, temperature, generator)
         output.commit([token.item()], [False])  # the one host sync of the step
-    synchronize(device)
-    seconds = time.perf_counter() - began - output.callback_seconds
-    return Generation(output.ids, [1] * (len(output.ids) - 1), seconds, output.callback_seconds, first_token_seconds)
+    return output.finish([1] * (len(output.ids) - 1))
 
 
 @torch.no_grad()
@@ -350,13 +458,11 @@ def generate_dflash(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int], 
     runner = runner or ModelRunner(target, drafter, block_size=block_size,
                                    max_length=len(prompt_ids) + max_new_tokens + block_size)
     device = target.embed_tokens.weight.device
-    output = Output(max_new_tokens, stop_ids, on_token)
-    synchronize(device)
-    began = time.perf_counter()
+    output = Output(max_new_tokens, stop_ids, on_token, device)
+    output.start_clock()
     prompt = torch.tensor([list(prompt_ids)], device=device)  # (1, n)
     last, context = runner.prefill(prompt, temperature, generator, first_token_choices)  # (), (1, n, F)
     output.commit([last.item()], [False])  # `last` is committed, but not yet in the target's cache
-    first_token_seconds = time.perf_counter() - began - output.callback_seconds
     start, acceptance_lengths = len(prompt_ids), []  # start: the position of `last`
     while not output.done:
         drafts = runner.draft(context, last, start)  # (block - 1,): the drafter's guesses after `last`
@@ -369,9 +475,50 @@ def generate_dflash(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int], 
         last = target_tokens[accepted]  # the target's own token after them: the bonus, next block's first
         start += accepted + 1
         runner.target_cache.trim(start)  # O(1): keep the block up to the new `last`, forget the rest
-    synchronize(device)
-    seconds = time.perf_counter() - began - output.callback_seconds
-    return Generation(output.ids, acceptance_lengths, seconds, output.callback_seconds, first_token_seconds)
+    return output.finish(acceptance_lengths)
+
+
+@torch.no_grad()
+def generate_dflash_tree(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int], max_new_tokens: int, *,
+                         budget: int, block_size: int | None = None, temperature: float = 0.0,
+                         stop_ids: Sequence[int] = (), generator: torch.Generator | None = None,
+                         on_token: OnToken | None = None, runner: ModelRunner | None = None,
+                         first_token_choices: Sequence[int] | None = None) -> Generation:
+    """Speculative decoding with draft trees: draft a block, grow a tree of `budget` guesses, keep the agreeing path.
+
+    One draft pass gives a distribution for every slot of the block; the tree holds
+    the `budget` continuations the drafter finds likeliest, and the target checks all
+    of them in one pass (`dflash/tree.py`). The walk keeps the path along which every
+    draft equals the target's own token, plus the target's token after it, so the
+    output is distributed exactly as `generate_autoregressive`'s (the argument is in
+    `walk`'s docstring), and equal to it at temperature 0. A step commits between 1
+    and `block_size` tokens, as the chain's does, but more of them on average.
+    """
+    block_size = block_size or (runner.block_size if runner is not None else drafter.config.block_size)
+    if budget < 1:
+        raise ValueError(f"a tree needs a budget of at least 1 node, got {budget}")
+    check_request(target, prompt_ids, max_new_tokens, temperature, runner, drafter, block_size, budget)
+    runner = runner or ModelRunner(target, drafter, block_size=block_size, tree_budget=budget,
+                                   max_length=len(prompt_ids) + max_new_tokens + max(block_size, budget + 1))
+    device = target.embed_tokens.weight.device
+    output = Output(max_new_tokens, stop_ids, on_token, device)
+    output.start_clock()
+    prompt = torch.tensor([list(prompt_ids)], device=device)  # (1, n)
+    first, context = runner.prefill(prompt, temperature, generator, first_token_choices)  # (), (1, n, F)
+    last = first.item()  # committed, but not yet in the target's cache: the root of the first tree
+    output.commit([last], [False])
+    start, acceptance_lengths = len(prompt_ids), []  # start: the position of `last`
+    while not output.done:
+        logprobs, candidates = runner.draft_tree(context, last, start)  # (block - 1, k) each: per slot, best first
+        tree = build_tree(last, logprobs.tolist(), candidates.tolist(), budget)  # host sync 1: the tree is host-side
+        target_tokens = runner.verify_tree(tree, temperature, generator).tolist()  # host sync 2: (budget + 1,)
+        path = walk(tree, target_tokens)  # the accepted nodes, root first
+        committed = [target_tokens[node] for node in path]  # the accepted drafts (== the target's), then the bonus
+        output.commit(committed, [True] * (len(path) - 1) + [False])
+        acceptance_lengths.append(len(path))
+        context = runner.keep_path(path)  # the path's keys, values and features move next to the committed ones
+        last, start = committed[-1], start + len(path)  # the bonus: the next tree's root
+    return output.finish(acceptance_lengths)
 
 
 # ------------------------------------------------------------------ the command line
@@ -381,6 +528,7 @@ EXAMPLES = """\
 examples:
   python generate.py --prompt "def fibonacci(n):"
   python generate.py --prompt "def fibonacci(n):" --compare
+  python generate.py --prompt "def fibonacci(n):" --compare --tree 32
   python generate.py --prompt "Explain KV caches." --chat --temperature 0.7 --seed 0
   python generate.py --prompt-ids 1,2,3 --model tests/fixtures/qwen3-tiny-sharded \\
       --draft tests/fixtures/dflash-tiny --json
@@ -406,15 +554,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--block-size", type=int, help="tokens per draft block (2..the drafter's; default the drafter's)")
+    p.add_argument("--tree", type=int, default=0, metavar="N",
+                   help="verify a draft tree of N nodes per step instead of the chain (0, the default: the chain)")
     add_device_options(p)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the fixed-shape passes (default: on for CUDA, off for CPU)")
-    p.add_argument("--chat", action="store_true", default=None,
-                   help="wrap the prompt in the chat template (default: when the tokenizer has one)")
-    p.add_argument("--raw", dest="chat", action="store_false", help="feed the prompt as it is")
-    p.add_argument("--thinking", action="store_true", help="let a chat model think first")
-    p.add_argument("--no-token-healing", dest="token_healing", action="store_false",
-                   help="keep a raw prompt's last token even when it ends mid-token (a trailing newline or space)")
+    add_prompt_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
     return p
 
@@ -487,9 +632,12 @@ def run(args) -> int:
     prompt_ids, first_token_choices = encode_for_generation(command_line_prompt(args), tokenizer, args.chat,
                                                             args.thinking, args.token_healing)
     block_size = (args.block_size or drafter.config.block_size) if drafter is not None else None
+    if args.tree < 0:
+        raise ValueError(f"--tree must be 0 (the chain) or a number of nodes, got {args.tree}")
     compile = device.type == "cuda" if args.compile is None else args.compile
-    runner = ModelRunner(target, drafter, max_length=len(prompt_ids) + args.max_new_tokens + (block_size or 1),
-                         block_size=block_size, compile=compile,
+    chunk = max(block_size or 1, args.tree + 1)  # a block, or a tree's nodes
+    runner = ModelRunner(target, drafter, max_length=len(prompt_ids) + args.max_new_tokens + chunk,
+                         block_size=block_size, tree_budget=args.tree, compile=compile,
                          mode="reduce-overhead" if device.type == "cuda" else None)
     options = dict(temperature=args.temperature, stop_ids=stop_token_ids(args.model, tokenizer), runner=runner,
                    first_token_choices=first_token_choices)
@@ -501,6 +649,9 @@ def run(args) -> int:
 
     def dflash(on_token=None, max_new_tokens=args.max_new_tokens):
         generator = torch.Generator(device).manual_seed(args.seed)
+        if args.tree:
+            return generate_dflash_tree(target, drafter, prompt_ids, max_new_tokens, budget=args.tree,
+                                        generator=generator, on_token=on_token, **options)
         return generate_dflash(target, drafter, prompt_ids, max_new_tokens, generator=generator,
                                on_token=on_token, **options)
 
@@ -513,11 +664,12 @@ def run(args) -> int:
         loop(max_new_tokens=min(args.max_new_tokens, 2 * (block_size or 1) + 2))
     conditions += f", warm-up {time.perf_counter() - began:.1f} s"
     colour = sys.stdout.isatty() and not args.json
+    dflash_name = f"DFlash tree {args.tree}" if args.tree else "DFlash"
     results = {}
     for loop in loops:
         printer = None if args.json else Printer(tokenizer, colour)
         if printer is not None and args.compare:
-            print(f"--- {'DFlash' if loop is dflash else 'baseline'}")
+            print(f"--- {dflash_name if loop is dflash else 'baseline'}")
         results[loop] = loop(on_token=printer)
         if printer is not None:
             print()
@@ -540,7 +692,7 @@ def run(args) -> int:
         return 0
     print(f"[{conditions}]", file=sys.stderr)
     for loop, result in results.items():
-        name = "DFlash" if loop is dflash else "baseline"
+        name = dflash_name if loop is dflash else "baseline"
         print(summary(name, result, block_size if loop is dflash else None), file=sys.stderr)
     if args.compare:
         print(f"speedup: {speedup:.2f}x", file=sys.stderr)

@@ -190,11 +190,11 @@ class Attention(nn.Module):
         out = out.reshape(batch, heads, seq, head_dim)  # unstack the groups: (batch, heads, seq, head_dim)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))  # (batch, seq, heads * head_dim) -> hidden
 
-    def forward(self, x, cos, sin, mask, cache: "KVCache | None", layer: int, positions: torch.Tensor):
+    def forward(self, x, cos, sin, mask, cache: "KVCache | None", layer: int, slots: torch.Tensor):
         q = self.queries(x, cos, sin)
         k, v = self.keys_values(x, cos, sin)
-        if cache is not None:  # store this chunk, then attend over what the cache lets us read
-            k, v = cache.write(layer, positions, k, v, mask.shape[-1])
+        if cache is not None:  # store this chunk at its slots, then attend over what the cache lets us read
+            k, v = cache.write(layer, slots, k, v, mask.shape[-1])
         return self.attend(q, k, v, mask)
 
 
@@ -221,8 +221,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x, cos, sin, mask, cache, layer, positions):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer, positions)
+    def forward(self, x, cos, sin, mask, cache, layer, slots):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer, slots)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -245,6 +245,10 @@ class KVCache:
     is the least work; a compiled pass needs the same shapes on every call, so it
     reads the whole buffer and a position mask hides every slot after the query
     (`fixed_shape`, set by whoever compiles).
+
+    A draft tree is written the same way, one node per slot after the committed
+    ones, but the nodes of the accepted path are then scattered among rejected
+    siblings: `compact` moves them next to the committed slots before `extend`.
     """
 
     def __init__(self, num_layers: int, batch: int, num_kv_heads: int, max_length: int, head_dim: int,
@@ -267,6 +271,16 @@ class KVCache:
         self.keys[layer].index_copy_(2, positions, k)
         self.values[layer].index_copy_(2, positions, v)
         return self.keys[layer][:, :, :num_keys], self.values[layer][:, :, :num_keys]
+
+    def compact(self, sources: torch.Tensor, first: int) -> None:
+        """Move the keys and values at slots `sources` (n,) to the contiguous slots first, ..., first + n - 1.
+
+        The slots read are gathered before any is written, so sources and destinations
+        may overlap. Nothing is committed: the caller extends the cache over them.
+        """
+        destinations = torch.arange(first, first + len(sources), device=sources.device)
+        for buffer in self.keys + self.values:
+            buffer.index_copy_(2, destinations, buffer.index_select(2, sources))
 
     def extend(self, count: int) -> None:
         """Commit the `count` positions just written after the committed ones."""
@@ -300,6 +314,22 @@ def causal_mask(positions: torch.Tensor, num_keys: int, key_padding: torch.Tenso
     return mask
 
 
+def chunk_mask_over_cache(slots: torch.Tensor, chunk_mask: torch.Tensor, num_keys: int) -> torch.Tensor:
+    """True where query i of a chunk written at `slots` (seq,) may attend to key slot j.
+
+    Every query sees every committed slot (those before the chunk's first slot) and,
+    within the chunk, what `chunk_mask` (seq, seq) allows: query i sees the key of
+    chunk entry j where chunk_mask[i, j]. A draft tree is such a chunk, with each
+    node seeing its ancestors and itself. Like `causal_mask`, it depends on tensors
+    only, so a compiled pass reading the whole buffer keeps one graph.
+    """
+    key_slots = torch.arange(num_keys, device=slots.device)
+    committed = key_slots[None, :] < slots[0]  # (1, keys): the context before the chunk
+    within = torch.zeros(chunk_mask.shape[0], num_keys, dtype=torch.bool, device=slots.device)
+    within = within.index_copy(1, slots, chunk_mask)  # (seq, keys): column j of chunk_mask lands at slot slots[j]
+    return committed | within  # (seq, keys)
+
+
 # ------------------------------------------------------------------------ the model
 
 
@@ -331,6 +361,8 @@ class Qwen3(nn.Module):
         capture_layers: Sequence[int] = (),
         logits_at: slice | torch.Tensor | None = None,
         key_padding: torch.Tensor | None = None,
+        slots: torch.Tensor | None = None,
+        chunk_mask: torch.Tensor | None = None,
     ):
         """Run the model on input_ids (batch, seq).
 
@@ -338,6 +370,10 @@ class Qwen3(nn.Module):
           (also the cache slots they are written to); default: right after what the
           cache has committed (0..seq-1 without a cache). The forward never commits:
           the caller moves `cache.length` (`extend`, `trim`) once it knows what to keep.
+        - `slots`, `chunk_mask` (a draft tree): write token i at cache slot `slots[i]`
+          rather than at its position, and let it see the committed slots plus the
+          chunk entries `chunk_mask` (seq, seq) allows, not those of lower positions
+          (`chunk_mask_over_cache`). Tree nodes of one depth share a position.
         - `capture_layers`: also return the hidden states after these decoder layers
           (0-based, repeats allowed), concatenated in the order asked:
           (batch, seq, len(layers) * hidden). The last layer's comes after the final
@@ -350,13 +386,17 @@ class Qwen3(nn.Module):
         if positions is None:
             start = cache.length if cache is not None else 0
             positions = torch.arange(start, start + seq, device=input_ids.device)
+        slots = positions if slots is None else slots
         num_keys = cache.keys_to_read(seq) if cache is not None else seq
-        mask = causal_mask(positions, num_keys, key_padding)
+        if chunk_mask is None:
+            mask = causal_mask(positions, num_keys, key_padding)
+        else:
+            mask = chunk_mask_over_cache(slots, chunk_mask, num_keys)
         x = self.embed_tokens(input_ids)  # (batch, seq, hidden)
         cos, sin = self.rotary(positions, x.dtype)  # (seq, head_dim) each
         captured = {}
         for index, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, mask, cache, index, positions)
+            x = layer(x, cos, sin, mask, cache, index, slots)
             if index in capture_layers:
                 captured[index] = x
         last = len(self.layers) - 1
