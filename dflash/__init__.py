@@ -6,8 +6,12 @@ the target model's hidden states), and the large *target* model checks the
 whole block in a single forward pass, keeping the longest prefix it agrees with.
 The output is exactly what the target alone would have produced; only faster.
 
-Modules, in reading order: `qwen3` (the target model and its KV cache),
-`drafter` (the DFlash drafter), `tokenizer` (text and the chat template) and
-`bench` (timing). Import them directly, e.g. `from dflash.qwen3 import ...`;
-this file imports nothing so that `import dflash` stays instant.
+Modules, from the ground up: `checkpoint` (official checkpoint layouts in and
+out), `qwen3` (the target model and its KV cache), `drafter` (the DFlash
+drafter), `tree` (draft trees), `tokenizer` (text, token healing and the chat
+template), `cli` (what every program shares) and `training` (generic training
+pieces: data-parallel placement, state, schedule). The decoding loops live in the
+top-level `generate.py`, which stands on this package; nothing here imports a
+top-level script. Import the modules directly, e.g. `from dflash.qwen3 import
+...`; this file imports nothing so that `import dflash` stays instant.
 """
