@@ -13,14 +13,19 @@ The recipe, in the order this file follows it:
    a..a+B-1, which is what the drafter sees at inference right after x_a is verified.
 4. **One forward for all blocks.** All blocks of a sequence are concatenated and run
    at once; a mask keeps them apart: block j sees the context strictly before a_j and
-   all of its own block (both directions), nothing of any other block.
+   all of its own block (both directions), nothing of any other block. As a dense
+   mask most of it is "no"; `AnchoredBlocks` skips those regions instead of scoring them.
 5. **Loss.** Slot k = 1..B-1 predicts x_{a+k} through the target's frozen LM head;
    slot 0 is the known token and carries no loss. Early slots matter most (a draft is
    only accepted up to its first mistake), so slot k is weighted exp(-(k-1)/gamma).
+   Over Qwen3's 151,936-token vocabulary the logits of every slot would not fit, so
+   the loss runs a chunk of slots at a time (`chunked_lm_head_loss`).
 
 Then the loop: a training step, a log line, a checkpoint, an evaluation by real
 speculative decoding. Only the drafter trains. The same script runs data-parallel
-under `torchrun` (DDP, or FSDP2 with --fsdp), and `--resume` continues bit for bit.
+under `torchrun` (DDP, or FSDP2 with --fsdp); Ctrl-C or SIGTERM saves before it
+exits, a checkpoint is written every 10 minutes anyway, and `--resume` continues bit
+for bit. The recipe at real scale: docs/training.md.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -40,14 +46,16 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from dflash.checkpoint import write_atomically
 from dflash.cli import (PROMPT_FORMAT, OneLineErrors, UsageError, add_device_options, find_tokenizer, numbered_lines,
                         parse_json_line, pick_dtype, run_cli, stop_token_ids)
 from dflash.drafter import Drafter, DrafterConfig, check_fits, default_target_layer_ids
 from dflash.qwen3 import Qwen3, Qwen3Config
+from dflash.train_kernels import AnchoredBlocks, chunked_lm_head_loss
 from dflash.training import (Distributed, add_config_options, cosine_with_warmup, distributed_run, epoch_order, every,
                              full_state, load_full_state, load_training_state, optimizer_step, option,
-                             prepare_run_folder, restore_rng_states, rng_states, save_training_state, unwrap,
-                             wrap_for_training)
+                             prepare_run_folder, restore_rng_states, rng_states, save_training_state,
+                             stop_on_signals, unwrap, wrap_for_training)
 from generate import generate_dflash
 from make_data import encode_prompts
 
@@ -80,6 +88,12 @@ class TrainConfig:
     num_anchors: int = option(512, "blocks per sequence per step (fewer if it has fewer valid anchors)")
     batch_size: int = option(4, "sequences per step and per process")
     max_seq_len: int = option(3072, "longer sequences are cut")
+    # memory: the dense ways, kept as references (dflash/train_kernels.py)
+    loss_chunk_size: int = option(512, "slots per chunk of the LM-head loss (0: all at once, the dense reference)")
+    keep_activations: bool = option(False, "keep every drafter layer's activations for the backward pass "
+                                           "instead of recomputing them (a little faster, much more memory)")
+    dense_attention: bool = option(False, "attend under a dense (K*B) x (S+K*B) mask instead of skipping "
+                                          "masked blocks (the reference; slow)")
     # the optimisation
     lr: float = option(6e-4, "peak learning rate (AdamW)")
     warmup: float = option(0.04, "fraction of the steps spent warming up, then cosine down to zero")
@@ -95,7 +109,9 @@ class TrainConfig:
     eval_every: int = option(0, "steps between evaluations (0: only at the end)")
     eval_max_new_tokens: int = option(128, "tokens decoded per held-out prompt")
     no_token_healing: bool = option(False, "evaluate raw-text prompts unhealed (data made with the same option)")
-    save_every: int = option(0, "steps between checkpoints (0: only at the end)")
+    save_every: int = option(0, "steps between checkpoints (0: only at the end and by the clock)")
+    save_every_minutes: float = option(10.0, "also checkpoint when this many minutes have passed since the last "
+                                             "one (0: off); a killed run loses at most that much")
     log_every: int = option(10, "steps between log lines")
     resume: bool = option(False, "continue the run in --out exactly")
     force: bool = option(False, "start over even though --out is not empty")
@@ -188,25 +204,6 @@ def batch_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Ge
     return anchors.to(loss_mask.device), real.to(loss_mask.device)
 
 
-def block_attention_mask(anchors: torch.Tensor, context_length: int, block_size: int) -> torch.Tensor:
-    """Who may look where when all blocks of a sequence run in one forward: (batch, 1, K*B, S + K*B).
-
-    Keys are [context (S) ; blocks (K*B)]. A query of block j sees context position c
-    iff c < a_j, *strictly*: at inference the drafter drafting the block at a_j has
-    the target's features only for tokens before a_j (x_a itself is in the block, not
-    yet verified in context). It sees all of its own block, in both directions (the
-    block is denoised as a whole), and nothing of any other block.
-    """
-    batch, count = anchors.shape
-    context = torch.arange(context_length, device=anchors.device)
-    sees_context = context[None, None, :] < anchors[:, :, None]  # (batch, K, S)
-    sees_context = sees_context[:, :, None, :].expand(batch, count, block_size, context_length)  # (batch, K, B, S)
-    sees_context = sees_context.reshape(batch, count * block_size, context_length)  # (batch, K*B, S)
-    block_of = torch.arange(count * block_size, device=anchors.device) // block_size  # (K*B,)
-    sees_block = (block_of[:, None] == block_of[None, :]).expand(batch, -1, -1)  # (batch, K*B, K*B)
-    return torch.cat([sees_context, sees_block], dim=-1)[:, None]  # (batch, 1, K*B, S + K*B)
-
-
 def block_positions(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
     """Block j occupies positions a_j .. a_j+B-1: (batch, K*B)."""
     batch, count = anchors.shape
@@ -252,27 +249,31 @@ def slot_weights(block_size: int, gamma: float) -> torch.Tensor:
 
 
 def drafter_loss(target: Qwen3, drafter: nn.Module, input_ids: torch.Tensor, loss_mask: torch.Tensor,
-                 anchors: torch.Tensor, real: torch.Tensor, config: DrafterConfig, weights: torch.Tensor):
+                 anchors: torch.Tensor, real: torch.Tensor, config: DrafterConfig, weights: torch.Tensor,
+                 loss_chunk_size: int = 512, dense_attention: bool = False):
     """Weighted cross-entropy of every block slot, plus per-slot hit counts for the logs.
 
+    The attention runs under the `AnchoredBlocks` pattern (or, with `dense_attention`,
+    its dense mask) and the loss `loss_chunk_size` slots at a time (0: all at once):
+    the dense ways are kept as the reference the fast ones are tested against.
     Returns (loss, correct (B,), counted (B,)).
     """
     block_size = config.block_size
     with torch.no_grad():  # the frozen target: its features are an input, not part of the graph
-        _, features = target(input_ids, capture_layers=config.target_layer_ids, logits_at=slice(0, 0))
+        features = target(input_ids, capture_layers=config.target_layer_ids, logits_at="none")
         block_embeddings = target.embed_tokens(block_input_ids(input_ids, anchors, block_size, config.mask_token_id))
     context_positions = torch.arange(input_ids.shape[1], device=input_ids.device)  # (S,)
-    mask = block_attention_mask(anchors, input_ids.shape[1], block_size)
+    pattern = AnchoredBlocks(anchors, input_ids.shape[1], block_size)
+    mask = pattern.dense_mask() if dense_attention else pattern
     hidden = drafter(features, block_embeddings, context_positions, block_positions(anchors, block_size), mask)
     labels = block_labels(input_ids, loss_mask, anchors, real, block_size)  # (batch, K*B)
     scored = labels != IGNORE
-    logits = target.logits(hidden[scored])  # (N, vocab): only slots with a label reach the LM head
-    losses = F.cross_entropy(logits.float(), labels[scored], reduction="none")  # (N,)
     slots = (torch.arange(labels.shape[1], device=labels.device) % block_size).expand_as(labels)[scored]  # (N,)
-    slot_weight = weights.to(losses.device)[slots]
-    loss = (slot_weight * losses).sum() / slot_weight.sum()
-    hits = (logits.argmax(dim=-1) == labels[scored]).float()
-    correct = torch.bincount(slots, weights=hits, minlength=block_size)  # (B,)
+    slot_weight = weights.to(hidden.device)[slots]  # (N,)
+    # Only slots with a label reach the LM head; their weights sum to 1, so the loss is a weighted mean.
+    loss, hits = chunked_lm_head_loss(hidden[scored], target.head_weight, labels[scored],
+                                      slot_weight / slot_weight.sum(), loss_chunk_size)
+    correct = torch.bincount(slots, weights=hits.float(), minlength=block_size)  # (B,)
     counted = torch.bincount(slots, minlength=block_size).float()  # (B,)
     return loss, correct, counted
 
@@ -372,6 +373,13 @@ def load_resume_state(out: Path, target: Qwen3Config, cfg: TrainConfig) -> dict:
     return state
 
 
+def forget_log_after(log: Path, step: int) -> None:
+    """Drop the log lines of steps after the checkpoint a resume starts from: they are about to be redone."""
+    if log.is_file():
+        kept = [line for line in log.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+        write_atomically(log, lambda tmp: Path(tmp).write_text("".join(line + "\n" for line in kept)))
+
+
 # ----------------------------------------------------------------------- evaluation
 
 
@@ -428,6 +436,7 @@ class Run:
         self.eval_choices = [choices for _, choices in prompts]  # the first token's, where token healing applies
         drafter = Drafter(self.drafter_config)
         init_drafter(drafter, cfg.seed)
+        drafter.recompute_layers = not cfg.keep_activations
         self.model = wrap_for_training(drafter.to(device).train(), place, cfg.fsdp)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, weight_decay=0.0)
         share = len(epoch_order(len(self.sequences), 0, cfg.seed, place.rank, place.world))
@@ -438,6 +447,7 @@ class Run:
         self.anchor_generator = torch.Generator().manual_seed(cfg.seed * 7919 + place.rank)
         self.slot_weights = slot_weights(cfg.block_size, cfg.gamma or gamma_for_block_size(cfg.block_size))
         self.step, self.elapsed_before, self.began = 0, 0.0, time.perf_counter()
+        self.last_save = self.began
         # What the steps since the last log line measured: loss (at [0, 0]), per-slot hits, per-slot counts.
         self.sums = torch.zeros(3, cfg.block_size, device=device)
         self.steps_since_log = self.tokens_seen = 0
@@ -454,6 +464,11 @@ class Run:
         self.scheduler.load_state_dict(state["scheduler"])
         restore_rng_states(state["rng"][self.place.rank], anchors=self.anchor_generator)
         self.step, self.elapsed_before = state["step"], state["elapsed"]
+        if self.place.main:
+            forget_log_after(self.out / "train_log.jsonl", self.step)
+
+    def minutes_since_save(self) -> float:
+        return (time.perf_counter() - self.last_save) / 60
 
     def seconds(self) -> float:
         """Wall-clock time of this session (not of the sessions it resumes)."""
@@ -472,7 +487,8 @@ class Run:
         anchors, real = batch_anchors(loss_mask, self.cfg.num_anchors, self.anchor_generator)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.place.device.type == "cuda"):
             loss, correct, counted = drafter_loss(self.target, self.model, input_ids, loss_mask, anchors, real,
-                                                  self.drafter_config, self.slot_weights)
+                                                  self.drafter_config, self.slot_weights, self.cfg.loss_chunk_size,
+                                                  self.cfg.dense_attention)
         optimizer_step(loss, self.model, self.optimizer, self.cfg.grad_clip, self.scheduler)
         self.step += 1
         self.sums[0, 0] += loss.detach()
@@ -497,6 +513,7 @@ class Run:
         """Checkpoint: the released drafter layout plus all that `--resume` needs (a collective call)."""
         weights, optimizer_state = full_state(self.model, self.optimizer, self.cfg.fsdp)
         rng = self.place.gather(rng_states(anchors=self.anchor_generator))  # every process's anchor sampler
+        self.last_save = time.perf_counter()
         if self.place.main:
             state = {"step": self.step, "elapsed": self.elapsed_before + self.seconds(),
                      "optimizer": optimizer_state, "scheduler": self.scheduler.state_dict(), "rng": rng,
@@ -532,28 +549,39 @@ def run_training(cfg: TrainConfig) -> dict:
 
 
 def train_loop(cfg: TrainConfig, place: Distributed) -> dict:
-    """Step until done; log, save and evaluate when due, saving *before* evaluating."""
+    """Step until done; log, save and evaluate when due, saving *before* evaluating.
+
+    Ctrl-C or SIGTERM ends the step under way, saves, and returns a record saying
+    which signal stopped the run (`stopped_by`); nothing is lost but that step's wait.
+    """
     run = Run(cfg, place)
     bar = tqdm(total=run.total_steps, initial=run.step, disable=not place.main, unit="step")
     record: dict = {}
-    while run.step < run.total_steps:
-        run.train_step(run.next_batch())
-        bar.update(1)
-        out_of_time = cfg.minutes is not None and place.any(run.seconds() > 60 * cfg.minutes)
-        stopping = run.step in (run.total_steps, cfg.stop_at) or out_of_time
-        evaluating = bool(cfg.eval_prompts) and (run.step == run.total_steps or every(run.step, cfg.eval_every))
-        logging = every(run.step, cfg.log_every) or stopping or evaluating
-        if logging:
-            record = run.log_record()
-        if stopping or every(run.step, cfg.save_every):
-            run.save()  # first: an evaluation that fails must not lose the run
-        if evaluating:
-            record["eval_tau"] = run.evaluate()
-        if logging:
-            run.write_log(record, bar)
-        if stopping:
-            break
+    signaled = False
+    with stop_on_signals() as stop:
+        while run.step < run.total_steps:
+            run.train_step(run.next_batch())
+            bar.update(1)
+            signaled, out_of_time, save_by_clock = place.any_of(
+                stop.requested, cfg.minutes is not None and run.seconds() > 60 * cfg.minutes,
+                cfg.save_every_minutes > 0 and run.minutes_since_save() >= cfg.save_every_minutes)
+            stopping = run.step in (run.total_steps, cfg.stop_at) or out_of_time or signaled
+            evaluating = (bool(cfg.eval_prompts) and not signaled
+                          and (run.step == run.total_steps or every(run.step, cfg.eval_every)))
+            logging = every(run.step, cfg.log_every) or stopping or evaluating
+            if logging:
+                record = run.log_record()
+            if stopping or every(run.step, cfg.save_every) or save_by_clock:
+                run.save()  # first: an evaluation that fails must not lose the run
+            if evaluating:
+                record["eval_tau"] = run.evaluate()
+            if logging:
+                run.write_log(record, bar)
+            if stopping:
+                break
     bar.close()
+    if signaled:
+        record["stopped_by"] = stop.name or "SIGTERM"  # another process's signal: a scheduler's, as a rule
     return record
 
 
@@ -573,6 +601,12 @@ examples:
   torchrun --nproc_per_node=8 train.py --target weights/Qwen3-8B --data data.jsonl --out runs/dflash
 
 --eval-prompts: {PROMPT_FORMAT}
+
+Ctrl-C or SIGTERM: the step finishes, a checkpoint is saved, and the run exits
+(status 130 / 143) with one line saying how to --resume.
+
+The recipe for real Qwen3 targets (data from vLLM/SGLang, torchrun, memory, pitfalls):
+docs/training.md.
 
 OUT receives config.json + model.safetensors (the released DFlash layout, loadable by
 generate.py --draft OUT), training_state.pt (to --resume) and train_log.jsonl (one
@@ -596,6 +630,10 @@ def check_train_config(cfg: TrainConfig) -> None:
     for name in positive:
         if getattr(cfg, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be positive, got {getattr(cfg, name)}")
+    if cfg.save_every_minutes < 0:
+        raise UsageError(f"--save-every-minutes must be 0 (off) or positive, got {cfg.save_every_minutes}")
+    if cfg.loss_chunk_size < 0:
+        raise UsageError(f"--loss-chunk-size must be 0 (all at once) or positive, got {cfg.loss_chunk_size}")
     if cfg.block_size < 2:
         raise UsageError(f"--block-size must be at least 2, got {cfg.block_size}")
     for name in ("steps", "stop_at", "minutes", "gamma"):
@@ -611,7 +649,11 @@ def train_from_args(args: argparse.Namespace) -> int:
     """The parsed command line is a TrainConfig: check it, then train."""
     cfg = TrainConfig(**vars(args))
     check_train_config(cfg)
-    run_training(cfg)
+    record = run_training(cfg)
+    if "stopped_by" in record:
+        print(f"stopped by {record['stopped_by']} at step {record['step']}: checkpoint saved in {cfg.out}; "
+              f"to continue, run the same command with --resume", file=sys.stderr)
+        return 128 + signal.Signals[record["stopped_by"]].value  # the shell's convention: 130 for Ctrl-C
     return 0
 
 

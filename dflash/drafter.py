@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 
 from dflash import checkpoint
@@ -103,6 +104,8 @@ class Drafter(nn.Module):
         self.layers = nn.ModuleList(DrafterLayer(c) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.rotary = RotaryEmbedding(c.head_dim, c.rope_theta)
+        # Training at scale: keep only each layer's inputs, recompute the rest in the backward pass.
+        self.recompute_layers = False
 
     def forward(
         self,
@@ -134,8 +137,11 @@ class Drafter(nn.Module):
         dtype = block_embeddings.dtype
         block_rope, context_rope = self.rotary(block_positions, dtype), self.rotary(context_positions, dtype)
         x = block_embeddings
+        recompute = self.recompute_layers and torch.is_grad_enabled()
         for index, layer in enumerate(self.layers):
-            x = layer(x, context, block_rope, context_rope, mask, cache, index, context_positions, block_positions)
+            inputs = (x, context, block_rope, context_rope, mask, cache, index, context_positions, block_positions)
+            x = torch.utils.checkpoint.checkpoint(layer, *inputs, use_reentrant=False) if recompute \
+                else layer(*inputs)
         return self.norm(x)
 
     def new_cache(self, max_length: int, batch: int = 1) -> KVCache:

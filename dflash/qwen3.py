@@ -179,8 +179,15 @@ class Attention(nn.Module):
         groups of query heads that share a key/value head are stacked along the query
         axis: one key/value head then serves `groups * seq` query rows. Only the
         queries (a few rows) are rearranged; keys and values are read in place.
+
+        `mask` may also be a pattern object with its own `attend(q, k, v)`, which
+        computes the attention itself and skips what it masks (the drafter's training
+        blocks, `dflash.train_kernels.AnchoredBlocks`).
         """
         batch, heads, seq, head_dim = q.shape
+        if hasattr(mask, "attend"):
+            out = mask.attend(q, k, v)  # (batch, heads, seq, head_dim)
+            return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))  # (batch, seq, heads * head_dim) -> hidden
         groups = heads // self.num_kv_heads
         q = q.reshape(batch, self.num_kv_heads, groups * seq, head_dim)  # (batch, kv_heads, groups * seq, head_dim)
         if mask is not None and mask.shape[-2] == seq and groups > 1:
@@ -348,10 +355,14 @@ class Qwen3(nn.Module):
         else:
             self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
+    @property
+    def head_weight(self) -> torch.Tensor:
+        """The LM head's matrix (vocab, hidden): the embedding's when they are tied."""
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Project normed hidden states (..., hidden) onto the vocabulary (..., vocab)."""
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight)
+        return F.linear(hidden, self.head_weight)
 
     def forward(
         self,
@@ -359,7 +370,7 @@ class Qwen3(nn.Module):
         positions: torch.Tensor | None = None,
         cache: KVCache | None = None,
         capture_layers: Sequence[int] = (),
-        logits_at: slice | torch.Tensor | None = None,
+        logits_at: slice | torch.Tensor | str | None = None,
         key_padding: torch.Tensor | None = None,
         slots: torch.Tensor | None = None,
         chunk_mask: torch.Tensor | None = None,
@@ -378,9 +389,12 @@ class Qwen3(nn.Module):
           (0-based, repeats allowed), concatenated in the order asked:
           (batch, seq, len(layers) * hidden). The last layer's comes after the final
           norm, as the official `hidden_states[-1]` does.
-        - `logits_at`: compute logits only at these sequence indices (prefill needs one).
+        - `logits_at`: compute logits only at these sequence indices (prefill needs one);
+          `"none"`: no logits at all, and no layer run past the last one captured
+          (drafter training reads the target's features only).
         - `key_padding` (batch, keys): False for left-padding keys of batched prompts.
-        Returns logits (batch, seq', vocab), or (logits, features) when capturing.
+        Returns logits (batch, seq', vocab), or (logits, features) when capturing, or
+        features alone with `logits_at="none"`.
         """
         batch, seq = input_ids.shape
         if positions is None:
@@ -395,13 +409,17 @@ class Qwen3(nn.Module):
         x = self.embed_tokens(input_ids)  # (batch, seq, hidden)
         cos, sin = self.rotary(positions, x.dtype)  # (seq, head_dim) each
         captured = {}
-        for index, layer in enumerate(self.layers):
+        features_only = isinstance(logits_at, str) and logits_at == "none"
+        needed = max(capture_layers) + 1 if features_only else len(self.layers)
+        for index, layer in enumerate(self.layers[:needed]):
             x = layer(x, cos, sin, mask, cache, index, slots)
             if index in capture_layers:
                 captured[index] = x
         last = len(self.layers) - 1
         if last in captured:
             captured[last] = self.norm(x)  # the official hidden_states[-1] is after the final norm
+        if features_only:
+            return torch.cat([captured[i] for i in capture_layers], dim=-1)  # (batch, seq, n * hidden)
         hidden = self.norm(x if logits_at is None else x[:, logits_at])
         logits = self.logits(hidden)  # (batch, seq', vocab)
         if not capture_layers:

@@ -12,7 +12,8 @@ what they share has nothing to do with DFlash:
    is the same file however many processes wrote it.
 3. **An exact resume.** A run folder that is never mixed up with another run, the
    random states (`rng_states`), and a training state written atomically and read
-   back safely: tensors and plain containers, never pickled code.
+   back safely: tensors and plain containers, never pickled code; and a run that
+   stops on Ctrl-C or SIGTERM (`stop_on_signals`) finishes its step and saves first.
 4. **The loop's small parts**: one optimiser step, the schedule (linear warm-up,
    then cosine down to zero), `every` for what is due every so many steps.
 5. **Options from a config dataclass**: one command-line option per field, its help
@@ -26,6 +27,8 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import signal
+import threading
 import types
 import typing
 from contextlib import contextmanager
@@ -65,6 +68,11 @@ class Distributed:
     def any(self, flag: bool) -> bool:
         """True on every process if it is True on one (e.g. one ran out of time)."""
         return bool(self.sum(torch.tensor([float(flag)], device=self.device)).item())
+
+    def any_of(self, *flags: bool) -> list[bool]:
+        """`any` for several flags at once: one collective call instead of one per flag."""
+        pooled = self.sum(torch.tensor([float(flag) for flag in flags], device=self.device))
+        return [bool(value) for value in pooled.tolist()]
 
     def gather(self, value) -> list:
         """Every process's `value`, in rank order."""
@@ -210,6 +218,48 @@ def load_training_state(path: Path) -> dict:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # a truncated or foreign file: torch raises several error types
         raise UsageError(f"{path}: not a readable training state ({type(err).__name__})") from None
+
+
+# ---------------------------------------------------------------- stopping on a signal
+
+
+class StopRequest:
+    """Set when Ctrl-C (SIGINT) or a scheduler's SIGTERM arrives: the loop finishes its step, saves, exits.
+
+    The handler only records the signal, so a checkpoint being written is never cut
+    in half. A second signal of the same kind acts at once, as if no handler were
+    installed (Ctrl-C twice: a KeyboardInterrupt).
+    """
+
+    def __init__(self):
+        self.signal: int | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self.signal is not None
+
+    @property
+    def name(self) -> str:
+        return signal.Signals(self.signal).name if self.signal else ""
+
+    def handle(self, signum, frame) -> None:
+        self.signal = signum
+        signal.signal(signum, signal.SIG_DFL if signum != signal.SIGINT else signal.default_int_handler)
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[StopRequest]:
+    """Catch SIGINT and SIGTERM for the length of the block; the previous handlers come back after it."""
+    request = StopRequest()
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+        yield request
+        return
+    previous = {signum: signal.signal(signum, request.handle) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield request
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 # --------------------------------------------------------------------- the loop's parts

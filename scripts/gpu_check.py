@@ -18,6 +18,11 @@ Two parts, one report (`report.json` and `report.md` in `--out`):
    share of the device's peak memory bandwidth, the verify/decode cost ratio for
    blocks of 4, 8 and 16, the drafter's cost, and the speedup with every draft
    accepted (the oracle) and at the authors' published acceptance lengths.
+3. **A drafter training step** at the Qwen3-8B shape and the paper's settings for one
+   sequence (3,072 tokens, 512 anchors, blocks of 16): peak memory and time of the
+   fast path (FlexAttention, chunked loss) and of the dense one, with the formula's
+   projection beside them; and FlexAttention's values and gradients against dense
+   masked attention.
 
 No GPU had run this script when it was written; `--cpu-smoke` runs every line of
 it at tiny sizes on the CPU, and CI runs that.
@@ -214,6 +219,49 @@ def step_costs(name: str, shape: dict, device, context: int, repeats: int) -> di
     return row
 
 
+# ---------------------------------------------------------------------- training step
+
+
+def flex_gradients_match(device) -> dict:
+    """The FlexAttention path of `AnchoredBlocks` against dense masked attention: values and gradients."""
+    from dflash.train_kernels import AnchoredBlocks
+
+    generator = torch.Generator().manual_seed(0)
+    anchors = torch.stack([torch.randperm(300, generator=generator)[:24].sort().values + 1 for _ in range(2)])
+    pattern = AnchoredBlocks(anchors.to(device), 301, 16)
+    shape_q, shape_kv = (2, 8, 24 * 16, 64), (2, 4, 301 + 24 * 16, 64)
+    q, k, v = (torch.randn(s, generator=generator).to(device).requires_grad_() for s in (shape_q, shape_kv, shape_kv))
+    weights = torch.randn(shape_q, generator=generator).to(device)
+    results = []
+    for attend in (lambda: torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=pattern.dense_mask(), enable_gqa=True), lambda: pattern.attend_flex(q, k, v)):
+        out = attend()
+        results.append((out, *torch.autograd.grad((out * weights).sum(), (q, k, v))))
+    errors = [float((a - b).abs().max()) for a, b in zip(*results)]
+    return {"max abs error (out, dq, dk, dv)": errors, "passed": max(errors) < 1e-3}
+
+
+def training_step(device, smoke: bool) -> dict:
+    """One drafter training step at the Qwen3-8B shape and the paper's settings per sequence, dense and fast."""
+    import bench_train
+
+    settings = dict(shape="tiny-vocab-151936", batch=1, seq_len=64, anchors=8, drafter_layers=1) if smoke else \
+        dict(shape="qwen3-8b", batch=1, seq_len=3072, anchors=512, drafter_layers=5)
+    rows = {}
+    for path in ("fast", "dense"):
+        args = argparse.Namespace(**settings, block_size=16, loss_chunk_size=512, steps=2, one=path)
+        try:
+            rows[path] = bench_train.measure_one(args)
+        except torch.OutOfMemoryError:
+            rows[path] = {"path": path, "out of memory": True}
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    parts = bench_train.projected_peak_bytes(settings["shape"], settings["batch"], settings["seq_len"],
+                                             settings["anchors"], 16, settings["drafter_layers"], 512)
+    return {"settings": settings, "steps": rows, "projected peak (GiB)": sum(parts.values()) / 2**30,
+            "flex attention vs dense": flex_gradients_match(device) if device.type == "cuda" else "CUDA only"}
+
+
 # ----------------------------------------------------------------------------- report
 
 
@@ -233,6 +281,18 @@ def markdown(report: dict) -> str:
         lines.append(f"| {row['shape']} | {row['plain tokens/s']:.1f} | {row['achieved bandwidth (GB/s)']:.0f} | "
                      f"{share} | {ratios} | {row['draft/decode']:.2f} | {row['oracle speedup (tau 16)']:.2f}x | "
                      f"{projected} |")
+    train = report.get("training step")
+    if train:
+        lines += ["", f"## Drafter training step ({json.dumps(train['settings'])})\n",
+                  "| path | peak growth (MiB) | step (s) | tokens/s |", "|---|---|---|---|"]
+        for row in train["steps"].values():
+            if row.get("out of memory"):
+                lines.append(f"| {row['path']} | out of memory | | |")
+            else:
+                lines.append(f"| {row['path']} | {row['peak_step_mb']:.0f} | {row['step_seconds']:.2f} | "
+                             f"{row['tokens_per_second']:.0f} |")
+        lines += ["", f"- projected peak with the weights and AdamW: {train['projected peak (GiB)']:.1f} GiB",
+                  f"- FlexAttention against dense: {json.dumps(train['flex attention vs dense'])}"]
     return "\n".join(lines) + "\n"
 
 
@@ -263,6 +323,7 @@ def main(args) -> int:
     report["timing"] = ("bf16, batch 1, each pass replayed from a CUDA graph" if device.type == "cuda"
                         else "float32, batch 1, eager passes timed on the CPU")
     report["step costs"] = [step_costs(name, shape, device, context, repeats) for name, shape in shapes.items()]
+    report["training step"] = training_step(device, args.cpu_smoke)
     report["seconds"] = time.perf_counter() - began
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")

@@ -4,8 +4,11 @@ CLI's errors, and the bugs found in review (each test named after its bug)."""
 
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -20,6 +23,7 @@ from dflash.cli import Prompt, UsageError, encode_for_generation, encode_prompt,
 from dflash.drafter import Drafter, DrafterConfig
 from dflash.qwen3 import Qwen3, Qwen3Config
 from dflash.tokenizer import load_tokenizer
+from dflash.train_kernels import AnchoredBlocks
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -32,7 +36,7 @@ DEMO = ROOT / "weights" / "tiny-qwen3"  # the demo target: a real tokenizer, tra
 
 def test_mask_pinned_on_a_hand_worked_case():
     """S=6 context, anchors [1, 3], B=3: keys are [context 0..5 ; block 0 ; block 1]."""
-    mask = train.block_attention_mask(torch.tensor([[1, 3]]), context_length=6, block_size=3)
+    mask = AnchoredBlocks(torch.tensor([[1, 3]]), context_length=6, block_size=3).dense_mask()
     #            context 0..5        block 0   block 1
     expected = [[1, 0, 0, 0, 0, 0,   1, 1, 1,  0, 0, 0],  # block 0 (a=1): only c=0 < 1
                 [1, 0, 0, 0, 0, 0,   1, 1, 1,  0, 0, 0],
@@ -126,8 +130,9 @@ def tiny_drafter(block_size=4, seed=0) -> Drafter:
 
 
 def draft_all_blocks(drafter, features, embeddings, anchors):
+    """All blocks in one forward, under the pattern training uses (it skips masked work; see test_train_kernels)."""
     block = drafter.config.block_size
-    mask = train.block_attention_mask(anchors, features.shape[1], block)
+    mask = AnchoredBlocks(anchors, features.shape[1], block, blocks_per_chunk=1)
     return drafter(features, embeddings, torch.arange(features.shape[1]), train.block_positions(anchors, block), mask)
 
 
@@ -413,6 +418,63 @@ def test_resume_is_bit_identical(tmp_path):
     state = torch.load(tmp_path / "split" / "training_state.pt", weights_only=True)
     assert state["step"] == 6
     assert Drafter.from_pretrained(tmp_path / "split", target=Qwen3.from_pretrained(TINY)).config.block_size == 4
+
+
+def with_steps(argv: list[str], steps: int) -> list[str]:
+    argv[argv.index("--steps") + 1] = str(steps)
+    return argv
+
+
+def start_training(data: Path, out: Path, steps: int, *extra: str) -> subprocess.Popen:
+    argv = with_steps(train_argv(data, out, *extra), steps)
+    return subprocess.Popen([sys.executable, "train.py", *argv], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def wait_for_logged_step(process: subprocess.Popen, log: Path, step: int) -> None:
+    """Poll the run's log until it reaches `step` (the run must still be going then)."""
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if log.is_file() and len(log.read_text().splitlines()) >= step:
+            assert process.poll() is None, "the run ended before it could be interrupted"
+            return
+        time.sleep(0.01)
+    raise AssertionError("the run never reached step {step}")
+
+
+def final_weights(out: Path) -> dict:
+    return load_file(out / "model.safetensors")
+
+
+@pytest.mark.parametrize("how", ["SIGTERM", "SIGINT", "SIGKILL"])
+def test_a_stopped_run_resumes_to_the_uninterrupted_result(tmp_path, how):
+    """Ctrl-C and SIGTERM save and exit with one line naming --resume; kill -9 loses at most
+    the steps since the last checkpoint (every 2 steps here); --resume then ends where an
+    uninterrupted run ends, bit for bit, with each step logged once."""
+    data = tmp_path / "data.jsonl"
+    write_data(data)
+    steps = 400
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    assert train.main(with_steps(train_argv(data, straight), steps)) == 0
+    extra = ("--save-every", "2") if how == "SIGKILL" else ()
+    process = start_training(data, stopped, steps, *extra)
+    wait_for_logged_step(process, stopped / "train_log.jsonl", 5)
+    process.send_signal(getattr(signal, how))
+    _, stderr = process.communicate(timeout=60)
+    state = torch.load(stopped / "training_state.pt", weights_only=True)
+    assert 2 <= state["step"] < steps
+    if how == "SIGKILL":
+        assert process.returncode == -signal.SIGKILL
+    else:
+        assert process.returncode == 128 + getattr(signal, how)
+        assert stderr.strip().splitlines()[-1] == (
+            f"stopped by {how} at step {state['step']}: checkpoint saved in {stopped}; "
+            f"to continue, run the same command with --resume")
+    assert train.main(with_steps(train_argv(data, stopped, "--resume"), steps)) == 0
+    expected, got = final_weights(straight), final_weights(stopped)
+    assert all(torch.equal(expected[name], got[name]) for name in expected)
+    log = [json.loads(line)["step"] for line in (stopped / "train_log.jsonl").read_text().splitlines()]
+    assert log == list(range(1, steps + 1))
 
 
 def test_final_checkpoint_is_saved_before_the_final_evaluation(tmp_path, monkeypatch):

@@ -8,6 +8,10 @@ Training is the textbook recipe: random windows of the token stream, AdamW,
 linear warm-up then cosine decay, gradient clipping. By default the schedule
 follows the clock (`--minutes`), so the run ends on time however busy the CPU is;
 `--steps` fixes the step count instead, for a bit-reproducible run.
+`--init-from` starts a second phase from a saved checkpoint's weights, with a fresh
+optimizer and schedule (how the shipped target was made: a first phase on the
+stdlib plus installed packages, then an annealing phase on the stdlib alone, the
+kind of code the held-out files and prompts are).
 A checkpoint (model, optimizer, RNG, step) is written atomically every few
 minutes (to `recipes/tiny/work/target_state.pt`, scratch); `--resume` continues
 from it. The result is saved in the official layout, to `weights/tiny-qwen3/`.
@@ -124,6 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-positions", type=int, default=1024)
     parser.add_argument("--eval-every", type=int, default=100)
     parser.add_argument("--resume", action="store_true")
+    parser.add_argument("--init-from", type=Path, default=None,
+                        help="a Qwen3 checkpoint folder to start from (its shape overrides the shape options)")
     return parser
 
 
@@ -134,7 +140,11 @@ def main(args: argparse.Namespace) -> int:
     heldout_tokens = np.fromfile(require(args.corpus / "heldout.bin", "recipes/tiny/tokenize_corpus.py"),
                                  dtype=np.uint16)
     vocab_size = Tokenizer.from_file(str(require(args.tokenizer, "recipes/tiny/train_tokenizer.py"))).get_vocab_size()
-    model = build_model(vocab_size, args)
+    if args.init_from is not None:
+        model = Qwen3.from_pretrained(require(args.init_from / "config.json", "an earlier train_target.py run").parent)
+        model.requires_grad_(True).train()  # loaded for inference: make it trainable again
+    else:
+        model = build_model(vocab_size, args)
     optimizer = make_optimizer(model, args.lr)
     generator = torch.Generator().manual_seed(args.seed)
     heldout = random_windows(heldout_tokens, 32, args.seq_len, torch.Generator().manual_seed(1234))

@@ -1,0 +1,199 @@
+"""Drafter training at real scale: the two dense costs, and their exact replacements.
+
+At the paper's settings (4 sequences of up to 3,072 tokens, 512 anchors, blocks of
+16) one training step scores 30,720 slots. Done the plain way, two things do not fit:
+
+1. **The LM-head loss.** 30,720 slots x 151,936 vocabulary logits is 9 GB in bf16,
+   plus the float32 copy the softmax wants and the probabilities autograd keeps for
+   the backward pass. `chunked_lm_head_loss` walks the slots a chunk at a time and,
+   while a chunk's logits are at hand, computes their gradient too (the gradient of
+   cross-entropy with respect to the logits is `softmax - one_hot`), so the peak is
+   one chunk's logits, however many slots there are. The LM head is the target's and
+   frozen, so the gradient with respect to the hidden states is all the backward needs.
+
+2. **The block attention.** All blocks of a sequence run in one forward, and a mask
+   lets block j see only the context before its anchor a_j and its own B tokens.
+   As a dense mask that is (K*B) x (S + K*B) entries per sequence, and more than
+   90 % of the work is masked away: every block "looks at" every other block's keys
+   only to throw the scores out. `AnchoredBlocks` is the same pattern as an object
+   that computes the attention itself and skips whole masked regions: on CUDA with
+   FlexAttention and a block mask (compiled), elsewhere (CPU) by running consecutive
+   blocks a chunk at a time against only the context they can see.
+
+Both are exact: the tests compare values and gradients with the dense versions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+# ------------------------------------------------------------------ the chunked loss
+
+
+class ChunkedLMHeadLoss(torch.autograd.Function):
+    """sum_i w_i * cross_entropy(hidden_i @ head.T, label_i), one chunk of slots at a time.
+
+    Forward computes, chunk by chunk, the logits, the weighted loss, whether the top
+    logit is the label (for the per-slot accuracy), and d loss / d hidden; backward
+    only scales that stored gradient. Nothing of size slots x vocabulary ever exists.
+    The head must be frozen (no gradient is computed for it).
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, head, labels, label_weights, chunk_size: int):
+        wants_grad = ctx.needs_input_grad[0]
+        total = torch.zeros((), dtype=at_least_float32(head.dtype), device=hidden.device)
+        hits = torch.empty(len(labels), dtype=torch.bool, device=hidden.device)  # (N,)
+        grad_hidden = torch.empty_like(hidden) if wants_grad else None  # (N, hidden)
+        for start in range(0, len(labels), chunk_size):
+            rows = slice(start, start + chunk_size)
+            chunk_labels, weights = labels[rows], label_weights[rows].to(total.dtype)  # (n,) each
+            logits = F.linear(hidden[rows].to(head.dtype), head).to(total.dtype)  # (n, vocab): the only big tensor
+            label_logits = logits.gather(1, chunk_labels[:, None])[:, 0]  # (n,)
+            hits[rows] = logits.argmax(dim=-1) == chunk_labels
+            # The softmax in place (logsumexp would allocate a second (n, vocab) tensor):
+            # shift by the row maximum, exponentiate, normalise.
+            row_max = logits.max(dim=-1).values  # (n,)
+            exponentials = logits.sub_(row_max[:, None]).exp_()  # (n, vocab), logits are gone now
+            sums = exponentials.sum(dim=-1)  # (n,)
+            total += (weights * (row_max + sums.log() - label_logits)).sum()  # CE = log sum exp - label logit
+            if wants_grad:  # d/dlogits of w * CE is w * (softmax - one_hot)
+                probabilities = exponentials.div_(sums[:, None])  # (n, vocab)
+                probabilities[torch.arange(len(chunk_labels)), chunk_labels] -= 1.0
+                probabilities.mul_(weights[:, None])
+                grad_hidden[rows] = (probabilities.to(head.dtype) @ head).to(hidden.dtype)  # (n, hidden)
+        ctx.mark_non_differentiable(hits)
+        ctx.save_for_backward(grad_hidden)
+        return total, hits
+
+    @staticmethod
+    def backward(ctx, grad_total, grad_hits):
+        (grad_hidden,) = ctx.saved_tensors
+        return grad_hidden * grad_total.to(grad_hidden.dtype), None, None, None, None
+
+
+def chunked_lm_head_loss(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor,
+                         label_weights: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum_i w_i * CE_i, top-1 hit per slot), peak memory O(chunk_size x vocab).
+
+    `hidden` (N, hidden) the drafter's normed outputs, `head` (vocab, hidden) the
+    target's frozen LM head, `labels` (N,), `label_weights` (N,) (normalise them to sum
+    to 1 for a weighted mean). `chunk_size` 0 means all slots in one go (the dense way,
+    kept as the reference: plain autograd, logits and softmax kept for the backward).
+    """
+    if head.requires_grad:
+        raise ValueError("chunked_lm_head_loss computes no gradient for the LM head: it must be frozen")
+    if chunk_size > 0:
+        return ChunkedLMHeadLoss.apply(hidden, head, labels, label_weights, chunk_size)
+    logits = F.linear(hidden.to(head.dtype), head)  # (N, vocab)
+    logits = logits.to(at_least_float32(logits.dtype))  # the softmax wants float32 at least
+    losses = F.cross_entropy(logits, labels, reduction="none")  # (N,)
+    return (label_weights.to(logits.dtype) * losses).sum(), (logits.argmax(dim=-1) == labels).detach()
+
+
+def at_least_float32(dtype: torch.dtype) -> torch.dtype:
+    """bf16 and fp16 logits are summed and exponentiated in float32; float64 stays float64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+# ------------------------------------------------------------- the block attention
+
+
+@dataclass
+class AnchoredBlocks:
+    """The training attention pattern of `train.py`: block j sees the context before a_j, and itself.
+
+    Keys are laid out [context (S) ; blocks (K*B)], queries are the K*B block slots.
+    A query of block j sees context position c iff c < a_j (strictly: at inference
+    the block at a_j is drafted before x_a is verified into the context), all of its
+    own block in both directions (the block is denoised as a whole), and nothing of
+    any other block. `Attention.attend` accepts this object in place of a mask tensor
+    and calls its `attend`, which never computes a score the pattern hides.
+    """
+
+    anchors: torch.Tensor  # (batch, K), sorted along each row (padding blocks may sit at 0)
+    context_length: int  # S
+    block_size: int  # B
+    blocks_per_chunk: int = 16  # the CPU path: how many consecutive blocks share one attention call
+    _flex_mask: object = field(default=None, repr=False)  # built once per step, shared by all layers
+
+    def dense_mask(self) -> torch.Tensor:
+        """The pattern as a dense boolean mask (batch, 1, K*B, S + K*B): the reference, and the slow way."""
+        batch, count = self.anchors.shape
+        block, length = self.block_size, self.context_length
+        context = torch.arange(length, device=self.anchors.device)
+        sees_context = context[None, None, :] < self.anchors[:, :, None]  # (batch, K, S)
+        sees_context = sees_context[:, :, None, :].expand(batch, count, block, length)  # (batch, K, B, S)
+        sees_context = sees_context.reshape(batch, count * block, length)  # (batch, K*B, S)
+        block_of = torch.arange(count * block, device=self.anchors.device) // block  # (K*B,)
+        sees_block = (block_of[:, None] == block_of[None, :]).expand(batch, -1, -1)  # (batch, K*B, K*B)
+        return torch.cat([sees_context, sees_block], dim=-1)[:, None]  # (batch, 1, K*B, S + K*B)
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Attention under the pattern: q (batch, heads, K*B, d), k/v (batch, kv_heads, S + K*B, d).
+
+        Returns (batch, heads, K*B, d), equal to dense masked attention.
+        """
+        if q.device.type == "cuda":
+            return self.attend_flex(q, k, v)
+        return self.attend_in_chunks(q, k, v)
+
+    def attend_in_chunks(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Consecutive blocks a chunk at a time, each against the context it can see and its own keys.
+
+        Anchors are sorted, so a chunk of blocks needs the context only up to its
+        largest anchor, and of the blocks' keys only the chunk's own. Each chunk is one
+        SDPA call (its fused kernel on CPU: no score matrix kept) with a small mask;
+        across all chunks the work is about K*B x (S/2 + chunk) instead of K*B x (S + K*B).
+        """
+        batch, count = self.anchors.shape
+        block, length = self.block_size, self.context_length
+        mask = self.dense_mask()  # (batch, 1, K*B, S + K*B) booleans: cheap next to the scores they spare
+        outputs = []
+        for first in range(0, count, self.blocks_per_chunk):
+            last = min(first + self.blocks_per_chunk, count)
+            rows = slice(first * block, last * block)  # the chunk's queries, and its own keys after the context
+            seen = int(self.anchors[:, first:last].max())  # context positions 0..seen-1 are visible to some block
+            columns = torch.cat([torch.arange(seen, device=k.device),
+                                 length + torch.arange(first * block, last * block, device=k.device)])
+            keys, values = k[:, :, columns], v[:, :, columns]  # (batch, kv_heads, seen + chunk, d)
+            outputs.append(F.scaled_dot_product_attention(
+                q[:, :, rows], keys, values, attn_mask=mask[:, :, rows][..., columns], enable_gqa=True))
+        return torch.cat(outputs, dim=2)  # (batch, heads, K*B, d)
+
+    def attend_flex(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """FlexAttention with a block mask: tiles the pattern hides entirely are skipped by the kernel."""
+        if self._flex_mask is None:
+            self._flex_mask = self.flex_block_mask(q.shape[2], k.shape[2], q.device)
+        return compiled_flex_attention()(q, k, v, block_mask=self._flex_mask, enable_gqa=True)
+
+    def flex_block_mask(self, num_queries: int, num_keys: int, device):
+        """The pattern as FlexAttention's `mask_mod`, turned into a block mask once per step."""
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        anchors, block, length = self.anchors, self.block_size, self.context_length
+
+        def visible(batch, head, query, key):
+            block_index = query // block
+            sees_context = (key < length) & (key < anchors[batch, block_index])
+            sees_block = (key >= length) & ((key - length) // block == block_index)
+            return sees_context | sees_block
+
+        return create_block_mask(visible, B=anchors.shape[0], H=None, Q_LEN=num_queries, KV_LEN=num_keys,
+                                 device=device)
+
+
+_COMPILED_FLEX = None
+
+
+def compiled_flex_attention():
+    """`flex_attention` compiled once per process (uncompiled it runs a slow reference path)."""
+    global _COMPILED_FLEX
+    if _COMPILED_FLEX is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=True)
+    return _COMPILED_FLEX

@@ -1,0 +1,186 @@
+"""dflash/train_kernels.py: the chunked loss and the block-skipping attention equal the dense ones,
+values and gradients, and a training step at Qwen3's vocabulary stays within a stated memory."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import train
+from dflash.drafter import Drafter
+from dflash.qwen3 import Qwen3
+from dflash.train_kernels import AnchoredBlocks, chunked_lm_head_loss
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ROOT / "tests" / "fixtures" / "qwen3-tiny"
+
+
+# ------------------------------------------------------------------ the chunked loss
+
+
+def dense_weighted_loss(hidden, head, labels, weights):
+    """The textbook way: all logits, cross-entropy, weighted sum."""
+    return (weights * F.cross_entropy(hidden @ head.T, labels, reduction="none")).sum()
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 50, 1000])
+def test_chunked_loss_equals_dense_values_and_gradients(chunk_size):
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(50, 16, generator=generator, dtype=torch.float64, requires_grad=True)
+    head = torch.randn(97, 16, generator=generator, dtype=torch.float64)
+    labels = torch.randint(0, 97, (50,), generator=generator)
+    weights = torch.rand(50, generator=generator, dtype=torch.float64)
+    weights = weights / weights.sum()
+    expected = dense_weighted_loss(hidden, head, labels, weights)
+    (expected_grad,) = torch.autograd.grad(3.0 * expected, hidden)  # an upstream factor, as a caller may scale
+    loss, hits = chunked_lm_head_loss(hidden, head, labels, weights, chunk_size)
+    (grad,) = torch.autograd.grad(3.0 * loss, hidden)
+    torch.testing.assert_close(loss.double(), expected, rtol=1e-6, atol=1e-6)  # the running sum is float32
+    torch.testing.assert_close(grad, expected_grad, rtol=1e-6, atol=1e-9)
+    assert torch.equal(hits, (hidden @ head.T).argmax(-1) == labels)
+
+
+def test_chunked_loss_without_grad_and_refusing_a_trainable_head():
+    hidden, head = torch.randn(9, 4), torch.randn(11, 4)
+    labels, weights = torch.randint(0, 11, (9,)), torch.full((9,), 1 / 9)
+    with torch.no_grad():
+        loss, _ = chunked_lm_head_loss(hidden, head, labels, weights, 4)
+    torch.testing.assert_close(loss, dense_weighted_loss(hidden, head, labels, weights))
+    with pytest.raises(ValueError, match="frozen"):
+        chunked_lm_head_loss(hidden, head.requires_grad_(), labels, weights, 4)
+
+
+# ------------------------------------------------------------- the block attention
+
+
+def random_pattern(seed, blocks_per_chunk):
+    """Two rows with different anchors, the second padded with blocks at 0 (as batch_anchors pads)."""
+    generator = torch.Generator().manual_seed(seed)
+    context, block, count = 40, 4, 7
+    rows = [torch.randperm(context - 1, generator=generator)[:count].sort().values + 1,
+            torch.cat([torch.randperm(context - 1, generator=generator)[:4].sort().values + 1,
+                       torch.zeros(3, dtype=torch.long)])]
+    return AnchoredBlocks(torch.stack(rows), context, block, blocks_per_chunk)
+
+
+def random_qkv(pattern, dtype=torch.float64):
+    generator = torch.Generator().manual_seed(1)
+    queries = pattern.anchors.shape[1] * pattern.block_size
+    q = torch.randn(2, 4, queries, 8, generator=generator, dtype=dtype)  # 4 query heads ...
+    k = torch.randn(2, 2, pattern.context_length + queries, 8, generator=generator, dtype=dtype)  # ... 2 kv heads
+    v = torch.randn(2, 2, pattern.context_length + queries, 8, generator=generator, dtype=dtype)
+    return [t.requires_grad_() for t in (q, k, v)]
+
+
+def dense_attention(pattern, q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=pattern.dense_mask(), enable_gqa=True)
+
+
+def values_and_gradients(attend, q, k, v):
+    out = attend(q, k, v)
+    grads = torch.autograd.grad((out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum(),
+                                (q, k, v))
+    return out, grads
+
+
+@pytest.mark.parametrize("blocks_per_chunk", [1, 3, 16])
+def test_block_attention_in_chunks_equals_dense(blocks_per_chunk):
+    pattern = random_pattern(0, blocks_per_chunk)
+    q, k, v = random_qkv(pattern)
+    expected, expected_grads = values_and_gradients(lambda *t: dense_attention(pattern, *t), q, k, v)
+    out, grads = values_and_gradients(pattern.attend_in_chunks, q, k, v)
+    torch.testing.assert_close(out, expected)
+    for grad, expected_grad in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, expected_grad)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_block_mask_is_the_same_pattern():
+    """The mask_mod FlexAttention runs on CUDA, checked here in its uncompiled reference mode.
+
+    FlexAttention has no backward on CPU: the values are compared here, the gradients
+    on a GPU by scripts/gpu_check.py.
+    """
+    from torch.nn.attention.flex_attention import flex_attention
+
+    pattern = random_pattern(2, 16)
+    q, k, v = (t.detach() for t in random_qkv(pattern, torch.float32))
+    block_mask = pattern.flex_block_mask(q.shape[2], k.shape[2], "cpu")
+    expected = dense_attention(pattern, q, k, v)
+    out = flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+# ------------------------------------------------------------ the whole training loss
+
+
+def test_drafter_loss_fast_path_equals_dense_path():
+    """train.drafter_loss with the three replacements (block attention, chunked loss, recomputed layers)
+    gives the dense path's loss, hit counts and gradients."""
+    target = train.freeze(Qwen3.from_pretrained(TINY))
+    cfg = train.TrainConfig(drafter_layers=2, block_size=4)
+    config = train.build_drafter_config(cfg, target.config, None)
+    drafter = Drafter(config)
+    train.init_drafter(drafter, 0)
+    generator = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 500, (2, 30), generator=generator)
+    loss_mask = torch.tensor([[0] * 6 + [1] * 24, [0] * 10 + [1] * 16 + [0] * 4])
+    anchors, real = train.batch_anchors(loss_mask, 5, generator)
+    weights = train.slot_weights(4, 2.0)
+    results = []
+    for chunk, dense in [(0, True), (7, False)]:
+        drafter.zero_grad()
+        drafter.recompute_layers = not dense  # the fast path also recomputes each layer in the backward
+        loss, correct, counted = train.drafter_loss(target, drafter, ids, loss_mask, anchors, real, config, weights,
+                                                    loss_chunk_size=chunk, dense_attention=dense)
+        loss.backward()
+        results.append((loss.detach(), correct, counted, [p.grad.clone() for p in drafter.parameters()]))
+    (dense_loss, *dense_counts, dense_grads), (loss, *counts, grads) = results
+    torch.testing.assert_close(loss, dense_loss)
+    assert all(torch.equal(a, b) for a, b in zip(counts, dense_counts))
+    for grad, dense_grad in zip(grads, dense_grads):
+        torch.testing.assert_close(grad, dense_grad, atol=1e-6, rtol=1e-4)
+
+
+def test_target_features_stop_at_the_last_layer_read():
+    target = Qwen3.from_pretrained(TINY)
+    ids = torch.randint(0, 500, (1, 9), generator=torch.Generator().manual_seed(0))
+    _, full = target(ids, capture_layers=[1, 0])
+    calls = []
+    hooks = [layer.register_forward_hook(lambda *_: calls.append(1)) for layer in target.layers]
+    features = target(ids, capture_layers=[1, 0], logits_at="none")
+    for hook in hooks:
+        hook.remove()
+    torch.testing.assert_close(features, full)
+    assert len(calls) == 2 < target.config.num_hidden_layers
+
+
+# ------------------------------------------------------------------- peak memory
+
+
+MEMORY_PROBE = ROOT / "bench_train.py"
+
+
+@pytest.mark.parametrize("path, limit_mb", [("fast", 400)])
+def test_training_step_at_qwen3_vocabulary_stays_under_stated_memory(path, limit_mb):
+    """128 anchors x 16 slots (2,048 slots, nearly all scored) at vocabulary 151,936, hidden 64.
+
+    The dense loss alone would hold 2,048 x 151,936 float32 logits three times over
+    (logits, log-softmax kept for backward, their gradient): about 3.7 GB. The fast
+    path's peak growth over the step must stay under `limit_mb`; the dense path is
+    measured too, so that the probe is seen to measure something.
+    """
+    peaks = {}
+    for name in (path, "dense"):
+        command = [sys.executable, str(MEMORY_PROBE), "--shape", "tiny-vocab-151936", "--seq-len", "256",
+                   "--anchors", "128", "--steps", "1", "--one", name, "--loss-chunk-size", "256"]
+        result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300,
+                                env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+        assert result.returncode == 0, result.stderr[-2000:]
+        peaks[name] = json.loads(result.stdout.strip().splitlines()[-1])["peak_step_mb"]
+    assert peaks[path] < limit_mb, peaks
+    assert peaks["dense"] > 4 * peaks[path], peaks
