@@ -161,6 +161,9 @@ class ModelRunner:
     once, whatever the prompt length or the acceptance pattern. Compilation is
     applied in one place, `__init__`; the caches then read their whole buffer under a
     position mask (`KVCache.fixed_shape`). Eager passes read only the committed slots.
+    With `flex_attention` the passes after the prefill attend through FlexAttention
+    with a block mask (`FilledBlocks`), which skips the key blocks past the filled
+    part of the buffer, under the same fixed shapes.
 
     The caches' `length` says what is committed. Each pass writes its chunk right
     after it; `prefill`, `decode` and `verify` then extend the target cache over the
@@ -178,7 +181,7 @@ class ModelRunner:
 
     def __init__(self, target: Qwen3, drafter: Drafter | None = None, *, max_length: int,
                  block_size: int | None = None, tree_budget: int = 0, tree_top_k: int | None = None,
-                 compile: bool = False, backend="inductor", mode: str | None = None):
+                 compile: bool = False, backend="inductor", mode: str | None = None, flex_attention: bool = False):
         self.target, self.drafter, self.max_length = target, drafter, max_length
         self.block_size = block_size or (drafter.config.block_size if drafter is not None else 1)
         self.tree_budget = tree_budget  # drafted nodes per tree (0: chains only)
@@ -203,6 +206,8 @@ class ModelRunner:
         self.node_tokens = torch.zeros(tree_budget + 1, dtype=torch.long, device=weight.device)
         self.node_features = torch.zeros(1, tree_budget + 1, self.features.shape[-1], dtype=weight.dtype,
                                          device=weight.device)
+        for cache in self.caches():  # opt-in until measured on a GPU: read only the filled key blocks
+            cache.flex_reads = flex_attention
         self.compiled = compile
         self.decode_pass, self.verify_pass, self.draft_pass = self.decode_forward, self.verify_forward, self.draft_forward
         self.verify_tree_pass, self.draft_tree_pass = self.verify_tree_forward, self.draft_tree_forward
@@ -559,6 +564,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_device_options(p)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the fixed-shape passes (default: on for CUDA, off for CPU)")
+    p.add_argument("--flex-attention", action="store_true",
+                   help="attend with FlexAttention, reading only the filled part of the caches (for compiled "
+                        "passes on CUDA; exact everywhere, slow uncompiled; not yet measured on a GPU)")
     add_prompt_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
     return p
@@ -638,7 +646,8 @@ def run(args) -> int:
     chunk = max(block_size or 1, args.tree + 1)  # a block, or a tree's nodes
     runner = ModelRunner(target, drafter, max_length=len(prompt_ids) + args.max_new_tokens + chunk,
                          block_size=block_size, tree_budget=args.tree, compile=compile,
-                         mode="reduce-overhead" if device.type == "cuda" else None)
+                         mode="reduce-overhead" if device.type == "cuda" else None,
+                         flex_attention=args.flex_attention)
     options = dict(temperature=args.temperature, stop_ids=stop_token_ids(args.model, tokenizer), runner=runner,
                    first_token_choices=first_token_choices)
 

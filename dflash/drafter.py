@@ -28,7 +28,8 @@ from torch import nn
 
 from dflash import checkpoint
 from dflash.checkpoint import CheckpointError
-from dflash.qwen3 import ATTENTION_BIASES, LAYER_TENSORS, DecoderLayer, KVCache, Qwen3, Qwen3Config, RMSNorm, RotaryEmbedding
+from dflash.qwen3 import (ATTENTION_BIASES, LAYER_TENSORS, DecoderLayer, FilledBlocks, KVCache, Qwen3, Qwen3Config,
+                          RMSNorm, RotaryEmbedding)
 
 
 def default_target_layer_ids(num_target_layers: int, num_drafter_layers: int) -> list[int]:
@@ -134,6 +135,8 @@ class Drafter(nn.Module):
             num_keys = cache.keys_to_read(context.shape[1] + block_embeddings.shape[1])
             key_slots = torch.arange(num_keys, device=block_positions.device)
             mask = (key_slots <= block_positions[-1])[None, :]  # (1, keys): the context and the whole block
+        if FilledBlocks.used_for(cache, block_embeddings.shape[1]):
+            mask = FilledBlocks(mask)
         dtype = block_embeddings.dtype
         block_rope, context_rope = self.rotary(block_positions, dtype), self.rotary(context_positions, dtype)
         x = block_embeddings

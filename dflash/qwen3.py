@@ -266,6 +266,7 @@ class KVCache:
         self.max_length = max_length
         self.length = 0
         self.fixed_shape = False
+        self.flex_reads = False  # attend with FilledBlocks: read only the filled key blocks (fixed-shape passes)
 
     def keys_to_read(self, chunk: int) -> int:
         """How many slots attention reads for a chunk of `chunk` new positions."""
@@ -319,6 +320,76 @@ def causal_mask(positions: torch.Tensor, num_keys: int, key_padding: torch.Tenso
         # some attention kernels turn into NaN. Letting it see itself keeps it finite.
         mask = (mask[None, None] & key_padding[:, None, None, :num_keys]) | itself  # (batch, 1, seq, keys)
     return mask
+
+
+class FilledBlocks:
+    """A fixed-shape pass's mask, attended with FlexAttention so that only the filled part of the cache is read.
+
+    A compiled pass reads the whole static buffer, so that its shapes never change;
+    with plain attention that means loading every key and value up to `max_length`,
+    however little of the buffer is filled. FlexAttention takes a *block mask*: for
+    each block of queries, the list of key blocks worth visiting. Here that list is
+    the key blocks up to the last key any query may see, counted on the device from
+    the mask itself (no host sync, fixed shapes), and the mask decides within them.
+    Key blocks past the filled part are never loaded, however long the buffer is.
+    Used inside compiled passes of at most `QUERY_BLOCK` queries (every pass after
+    the prefill) when a cache says `flex_reads` (`ModelRunner(flex_attention=True)`).
+    """
+
+    QUERY_BLOCK = KEY_BLOCK = 128
+
+    def __init__(self, mask: torch.Tensor):
+        self.mask = mask  # (seq or 1, keys) or (batch, 1, seq, keys), True where a query may look
+        self.shape = mask.shape
+
+    def block_mask(self, batch: int, seq: int, keys: int):
+        """FlexAttention's block mask: one query block, the key blocks 0..last visible, the dense mask inside."""
+        from torch.nn.attention.flex_attention import BlockMask
+
+        dense = self.mask if self.mask.dim() == 4 else self.mask[None, None]  # (batch or 1, 1, seq or 1, keys)
+        dense = dense[:, 0].expand(batch, seq, keys)  # (batch, seq, keys), a view
+        key_index = torch.arange(keys, device=dense.device)
+        last_visible = torch.where(dense.any(dim=1), key_index, 0).amax(dim=1)  # (batch,)
+        num_blocks = (last_visible // self.KEY_BLOCK + 1).to(torch.int32)  # (batch,): the filled part, in blocks
+        all_blocks = torch.arange(-(-keys // self.KEY_BLOCK), device=dense.device, dtype=torch.int32)
+
+        def visible(b, h, query, key):
+            return dense[b, query, key]
+
+        return BlockMask.from_kv_blocks(
+            num_blocks.view(batch, 1, 1), all_blocks.expand(batch, 1, 1, -1),
+            BLOCK_SIZE=(self.QUERY_BLOCK, self.KEY_BLOCK), mask_mod=visible, seq_lengths=(seq, keys))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q (batch, heads, seq, d) over k, v (batch, kv_heads, keys, d) -> (batch, heads, seq, d)."""
+        from torch.nn.attention.flex_attention import flex_attention
+
+        batch, _, seq, _ = q.shape
+        return flex_attention(q, k, v, block_mask=self.block_mask(batch, seq, k.shape[2]), enable_gqa=True)
+
+    @staticmethod
+    def used_for(cache: "KVCache | None", seq: int) -> bool:
+        """A compiled pass of at most QUERY_BLOCK queries over a cache that asks for it.
+
+        Only there: the compiler turns FlexAttention into one fused kernel. A pass run
+        eagerly (the prefill) reads only the committed slots anyway, or, over a
+        fixed-shape cache, the plain mask (exact, and no kernel compiled per shape).
+        """
+        return (cache is not None and cache.flex_reads and seq <= FilledBlocks.QUERY_BLOCK
+                and torch.compiler.is_compiling())
+
+
+_COMPILED_FLEX = None
+
+
+def compiled_flex_attention():
+    """`flex_attention`, compiled once per process: uncompiled it runs a slow reference that scores every key."""
+    global _COMPILED_FLEX
+    if _COMPILED_FLEX is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=True)
+    return _COMPILED_FLEX
 
 
 def chunk_mask_over_cache(slots: torch.Tensor, chunk_mask: torch.Tensor, num_keys: int) -> torch.Tensor:
@@ -406,6 +477,8 @@ class Qwen3(nn.Module):
             mask = causal_mask(positions, num_keys, key_padding)
         else:
             mask = chunk_mask_over_cache(slots, chunk_mask, num_keys)
+        if FilledBlocks.used_for(cache, seq):
+            mask = FilledBlocks(mask)
         x = self.embed_tokens(input_ids)  # (batch, seq, hidden)
         cos, sin = self.rotary(positions, x.dtype)  # (seq, head_dim) each
         captured = {}

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from dflash.qwen3 import compiled_flex_attention
+
 # ------------------------------------------------------------------ the chunked loss
 
 
@@ -184,16 +186,3 @@ class AnchoredBlocks:
 
         return create_block_mask(visible, B=anchors.shape[0], H=None, Q_LEN=num_queries, KV_LEN=num_keys,
                                  device=device)
-
-
-_COMPILED_FLEX = None
-
-
-def compiled_flex_attention():
-    """`flex_attention` compiled once per process (uncompiled it runs a slow reference path)."""
-    global _COMPILED_FLEX
-    if _COMPILED_FLEX is None:
-        from torch.nn.attention.flex_attention import flex_attention
-
-        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=True)
-    return _COMPILED_FLEX

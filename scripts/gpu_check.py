@@ -82,11 +82,11 @@ def fixture_parity(device) -> dict:
 
 
 def greedy_agreement(target, drafter, prompts, new_tokens: int, block_size: int, compile: bool,
-                     mode: str | None, backend: str) -> dict:
+                     mode: str | None, backend: str, flex_attention: bool = False) -> dict:
     """Greedy DFlash against greedy plain decoding, both through one runner: equal outputs per prompt."""
     max_length = max(map(len, prompts)) + new_tokens + block_size
     runner = ModelRunner(target, drafter, max_length=max_length, block_size=block_size, compile=compile,
-                         mode=mode, backend=backend)
+                         mode=mode, backend=backend, flex_attention=flex_attention)
     equal, prefix = 0, []
     for prompt in prompts:
         plain = generate_autoregressive(target, prompt, new_tokens, runner=runner).new_ids
@@ -116,10 +116,14 @@ def correctness(device, smoke: bool) -> dict:
                                                                   compile=False, mode=None, backend="eager")
             report[f"demo pair {name}, compiled"] = greedy_agreement(target, drafter, prompts, new_tokens, 16,
                                                                      compile=True, **compiled)
+            if name == "float32":  # FlexAttention reads, opt-in until this has run on a GPU
+                torch._dynamo.reset()  # new graphs, not recompiles of the ones above
+                report["demo pair float32, compiled, flex attention"] = greedy_agreement(
+                    target, drafter, prompts, new_tokens, 16, compile=True, flex_attention=True, **compiled)
         finally:
             torch._dynamo.config.error_on_recompile = False
             torch._dynamo.reset()
-    fp32 = [report[f"demo pair float32, {how}"] for how in ("eager", "compiled")]
+    fp32 = [value for key, value in report.items() if key.startswith("demo pair float32")]
     report["lossless in float32"] = all(r["identical"] == r["prompts"] for r in fp32)
     return report
 
@@ -174,11 +178,16 @@ def seconds_per_call(run, device, repeats: int) -> float:
 
 
 @torch.no_grad()
-def step_costs(name: str, shape: dict, device, context: int, repeats: int) -> dict:
-    """Decode, verify (blocks 4, 8, 16) and draft costs after a `context`-token prompt."""
+def step_costs(name: str, shape: dict, device, context: int, repeats: int, extra_buffer: int = 0) -> dict:
+    """Decode, verify (blocks 4, 8, 16) and draft costs after a `context`-token prompt.
+
+    `extra_buffer` empty slots after the filled part: what a cache sized for a long
+    generation looks like early on, where reading only the filled blocks pays (on
+    CUDA, the decode and verify 16 are also timed through FlexAttention).
+    """
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     target, drafter = random_pair(shape, device, dtype)
-    runner = ModelRunner(target, drafter, max_length=context + 64, block_size=16)
+    runner = ModelRunner(target, drafter, max_length=context + 64 + extra_buffer, block_size=16)
     for cache in runner.caches():
         cache.fixed_shape = True  # the compiled loop's reads: the whole buffer under a position mask
     prompt = torch.randint(0, 1000, (1, context), device=device)
@@ -191,13 +200,25 @@ def step_costs(name: str, shape: dict, device, context: int, repeats: int) -> di
         ids, positions = prompt[:, :block], torch.arange(context, context + block, device=device)
         costs[f"verify {block}"] = seconds_per_call(lambda: runner.verify_forward(ids, positions, True), device,
                                                     repeats)
+    # The same two passes compiled, reading only the filled key blocks (FilledBlocks): FlexAttention is
+    # used inside compiled passes only, where it becomes one fused kernel.
+    for cache in runner.caches():
+        cache.flex_reads = True
+    backend = "inductor" if device.type == "cuda" else "eager"
+    decode = torch.compile(runner.decode_forward, backend=backend, fullgraph=True, dynamic=False)
+    verify = torch.compile(runner.verify_forward, backend=backend, fullgraph=True, dynamic=False)
+    costs["decode, flex"] = seconds_per_call(lambda: decode(token, position, True), device, repeats)
+    ids, positions = prompt[:, :16], torch.arange(context, context + 16, device=device)
+    costs["verify 16, flex"] = seconds_per_call(lambda: verify(ids, positions, True), device, repeats)
+    for cache in runner.caches():
+        cache.flex_reads = False
     block_positions = torch.arange(context, context + 16, device=device)
     costs["draft 16"] = seconds_per_call(
         lambda: runner.draft_forward(runner.features, block_positions - 16, runner.block_ids, block_positions),
         device, repeats)
     weight_bytes = sum(p.numel() * p.element_size() for p in target.parameters())
     cache_bytes = 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * \
-        (context + 64) * torch.finfo(dtype).bits // 8  # the compiled decode reads the whole buffer
+        (context + 64 + extra_buffer) * torch.finfo(dtype).bits // 8  # the compiled decode reads the whole buffer
     peak = next((value for chip, value in PEAK_BANDWIDTH.items()
                  if device.type == "cuda" and chip in torch.cuda.get_device_name()), None)
     decode = costs["decode"]
@@ -209,6 +230,8 @@ def step_costs(name: str, shape: dict, device, context: int, repeats: int) -> di
         "share of peak bandwidth": (weight_bytes + cache_bytes) / decode / peak if peak else None,
         "verify/decode": {block: costs[f"verify {block}"] / decode for block in (4, 8, 16)},
         "draft/decode": costs["draft 16"] / decode,
+        "flex/mask, decode and verify 16": [costs[f"{p}, flex"] / costs[p] for p in ("decode", "verify 16")]
+        if "decode, flex" in costs else None,
     }
     step = costs["draft 16"] + costs["verify 16"]  # one DFlash step, block 16 (host bookkeeping not included)
     row["oracle speedup (tau 16)"] = 16 * decode / step
@@ -272,15 +295,18 @@ def markdown(report: dict) -> str:
     how = report["timing"]
     lines += ["", f"## Step costs ({how})\n",
               "| shape | plain tok/s | bandwidth GB/s | share of peak | verify/decode 4, 8, 16 | draft/decode | "
-              "oracle speedup | projected speedup (GSM8K, MATH-500, HumanEval, MT-Bench) |",
-              "|---|---|---|---|---|---|---|---|"]
+              "oracle speedup | projected speedup (GSM8K, MATH-500, HumanEval, MT-Bench) | "
+              "FlexAttention / mask, decode and verify 16 |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for row in report["step costs"]:
         share = "n/a" if row["share of peak bandwidth"] is None else f"{row['share of peak bandwidth']:.0%}"
         ratios = ", ".join(f"{r:.2f}" for r in row["verify/decode"].values())
         projected = ", ".join(f"{s:.2f}x" for s in row["projected speedup"].values())
+        ratios_flex = row["flex/mask, decode and verify 16"]
+        flex = "n/a" if ratios_flex is None else ", ".join(f"{r:.2f}" for r in ratios_flex)
         lines.append(f"| {row['shape']} | {row['plain tokens/s']:.1f} | {row['achieved bandwidth (GB/s)']:.0f} | "
                      f"{share} | {ratios} | {row['draft/decode']:.2f} | {row['oracle speedup (tau 16)']:.2f}x | "
-                     f"{projected} |")
+                     f"{projected} | {flex} |")
     train = report.get("training step")
     if train:
         lines += ["", f"## Drafter training step ({json.dumps(train['settings'])})\n",
@@ -304,12 +330,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     parser.add_argument("--context", type=int, default=2048, help="prompt tokens before the timed passes")
     parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument("--extra-buffer", type=int, default=2048,
+                        help="empty cache slots after the filled part (a cache sized for a longer generation)")
     return parser
 
 
 def main(args) -> int:
     if args.cpu_smoke:
         device, shapes, context, repeats = torch.device("cpu"), {"smoke": SMOKE_SHAPE}, 64, 3
+        args.extra_buffer = 64
     else:
         if not torch.cuda.is_available():
             raise UsageError("no CUDA device here (use --cpu-smoke to check the script on the CPU)")
@@ -322,7 +351,8 @@ def main(args) -> int:
     report["correctness"] = correctness(device, args.cpu_smoke)
     report["timing"] = ("bf16, batch 1, each pass replayed from a CUDA graph" if device.type == "cuda"
                         else "float32, batch 1, eager passes timed on the CPU")
-    report["step costs"] = [step_costs(name, shape, device, context, repeats) for name, shape in shapes.items()]
+    report["step costs"] = [step_costs(name, shape, device, context, repeats, args.extra_buffer)
+                            for name, shape in shapes.items()]
     report["training step"] = training_step(device, args.cpu_smoke)
     report["seconds"] = time.perf_counter() - began
     args.out.mkdir(parents=True, exist_ok=True)

@@ -177,7 +177,7 @@ def test_training_step_at_qwen3_vocabulary_stays_under_stated_memory(path, limit
     peaks = {}
     for name in (path, "dense"):
         command = [sys.executable, str(MEMORY_PROBE), "--shape", "tiny-vocab-151936", "--seq-len", "256",
-                   "--anchors", "128", "--steps", "1", "--one", name, "--loss-chunk-size", "256"]
+                   "--anchors", "128", "--steps", "1", "--one", name, "--loss-chunk-size", "256", "--drafter-layers", "1"]
         result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=300,
                                 env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
         assert result.returncode == 0, result.stderr[-2000:]
