@@ -47,19 +47,14 @@ from dflash.cli import OneLineErrors, UsageError, run_cli  # noqa: E402
 from dflash.drafter import Drafter, DrafterConfig, default_target_layer_ids  # noqa: E402
 from dflash.qwen3 import Qwen3, Qwen3Config  # noqa: E402
 from generate import ModelRunner, generate_autoregressive, generate_dflash  # noqa: E402
+import bench_train  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"
 WEIGHTS = ROOT / "weights"
 
-# Real shapes (config.json of the official checkpoints); the drafter: 5 layers of the target's width.
-SHAPES = {
-    "Qwen3-0.6B": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                       num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
-    "Qwen3-4B": dict(hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
-                     num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
-    "Qwen3-8B": dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-                     num_key_value_heads=8, head_dim=128, tie_word_embeddings=False),
-}
+# Real shapes (config.json of the official checkpoints, kept in bench_train.py); the drafter: 5 layers of the
+# target's width.
+SHAPES = {name: bench_train.SHAPES[name.lower()] for name in ("Qwen3-0.6B", "Qwen3-4B", "Qwen3-8B")}
 SMOKE_SHAPE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=16, tie_word_embeddings=True)
 PUBLISHED_TAU = {"GSM8K": 6.55, "MATH-500": 7.87, "HumanEval": 6.55, "MT-Bench": 4.25}  # Qwen3-8B, greedy, B=16
@@ -266,8 +261,6 @@ def flex_gradients_match(device) -> dict:
 
 def training_step(device, smoke: bool) -> dict:
     """One drafter training step at the Qwen3-8B shape and the paper's settings per sequence, dense and fast."""
-    import bench_train
-
     settings = dict(shape="tiny-vocab-151936", batch=1, seq_len=64, anchors=8, drafter_layers=1) if smoke else \
         dict(shape="qwen3-8b", batch=1, seq_len=3072, anchors=512, drafter_layers=5)
     rows = {}
