@@ -6,7 +6,7 @@ fixed windows of files the model never saw, says whether it learned Python
 rather than memorised the standard library. A gap that keeps growing would mean
 over-fitting; on this corpus and budget the two should stay close.
 
-Usage:  python recipes/tiny/plot_target.py [--log recipes/tiny/work/target_log.json]
+Usage:  python recipes/tiny/plot_target.py [--log recipes/tiny/work/target_log.json [PHASE-2 LOG ...]]
                                            [--out weights/tiny-qwen3-training.png]
 """
 
@@ -26,20 +26,31 @@ from paths import WEIGHTS, WORK, require  # noqa: E402  (also puts the repositor
 from dflash.cli import OneLineErrors, run_cli  # noqa: E402
 
 
-def read_curves(log_path: Path) -> dict[str, tuple[list[int], list[float]]]:
-    """(steps, losses) for each curve; entries without a value for a curve are skipped."""
-    log = json.loads(require(log_path, "recipes/tiny/train_target.py").read_text())
-    curves = {}
-    for key in ("train_loss", "heldout_loss"):
-        points = [(e["step"], e[key]) for e in log if e.get(key) is not None]
-        curves[key] = ([s for s, _ in points], [v for _, v in points])
-    return curves
+def read_curves(log_paths: list[Path]) -> tuple[dict[str, tuple[list[int], list[float]]], list[int]]:
+    """(steps, losses) for each curve, the phases' logs one after another; and where each later phase begins.
+
+    A later phase (`train_target.py --init-from`) counts its steps from 1 again:
+    they are shifted to follow the previous phase's last step.
+    """
+    curves = {"train_loss": ([], []), "heldout_loss": ([], [])}
+    offset, boundaries = 0, []
+    for log_path in log_paths:
+        log = json.loads(require(log_path, "recipes/tiny/train_target.py").read_text())
+        for key, (steps, values) in curves.items():
+            points = [(offset + e["step"], e[key]) for e in log if e.get(key) is not None]
+            steps += [s for s, _ in points]
+            values += [v for _, v in points]
+        offset += log[-1]["step"]
+        boundaries.append(offset)
+    return curves, boundaries[:-1]
 
 
-def plot(curves: dict, out: Path, title: str) -> None:
+def plot(curves: dict, boundaries: list[int], out: Path, title: str) -> None:
     figure, axes = plt.subplots(figsize=(7, 4.2), dpi=120)
     axes.plot(*curves["train_loss"], label="train (mean of logged steps)", color="tab:blue", alpha=0.6, lw=1)
     axes.plot(*curves["heldout_loss"], label="held-out files", color="tab:orange", marker="o", ms=3, lw=1.5)
+    for index, step in enumerate(boundaries):
+        axes.axvline(step, color="grey", ls="--", lw=1, label="next phase begins" if index == 0 else None)
     axes.set_xlabel("optimizer step")
     axes.set_ylabel("next-token cross-entropy (nats)")
     axes.set_title(title)
@@ -53,15 +64,16 @@ def plot(curves: dict, out: Path, title: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrors(description=__doc__.split("\n\n")[0],
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--log", type=Path, default=WORK / "target_log.json")
+    parser.add_argument("--log", type=Path, nargs="+", default=[WORK / "target_log.json"],
+                        help="the run's log; several: the phases of one run, in order")
     parser.add_argument("--out", type=Path, default=WEIGHTS / "tiny-qwen3-training.png")
     parser.add_argument("--title", default="tiny Qwen3 trained on the Python standard library")
     return parser
 
 
 def main(args: argparse.Namespace) -> int:
-    curves = read_curves(args.log)
-    plot(curves, args.out, args.title)
+    curves, boundaries = read_curves(args.log)
+    plot(curves, boundaries, args.out, args.title)
     steps, heldout = curves["heldout_loss"]
     final = f"{heldout[-1]:.3f} nats at step {steps[-1]} ({heldout[-1] / math.log(2):.2f} bits/token)" if heldout else "none"
     print(f"wrote {args.out}; final held-out loss: {final}")
