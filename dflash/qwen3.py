@@ -356,8 +356,8 @@ class FilledBlocks:
         def visible(b, h, query, key):
             return dense[b, query, key]
 
-        return BlockMask.from_kv_blocks(
-            num_blocks.view(batch, 1, 1), all_blocks.expand(batch, 1, 1, -1),
+        return BlockMask.from_kv_blocks(  # shapes (batch, heads=1, query blocks=1) and (..., key blocks)
+            num_blocks.view(batch, 1, 1), all_blocks.expand(batch, 1, 1, -1).contiguous(),
             BLOCK_SIZE=(self.QUERY_BLOCK, self.KEY_BLOCK), mask_mod=visible, seq_lengths=(seq, keys))
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
