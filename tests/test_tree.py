@@ -219,7 +219,7 @@ def test_tree_sampling_follows_the_target(target):  # noqa: F811
 @pytest.mark.parametrize("budget", [4, 16])
 def test_tree_passes_compile_once_per_budget(pairs, no_recompiles, budget):
     target, drafter = pairs["demo"]
-    backend, new = CountingBackend(), 24
+    backend, new = CountingBackend(), 48
     runner = ModelRunner(target, drafter, max_length=40 + new + 16 + budget, tree_budget=budget, compile=True,
                          backend=backend)
     counts, lengths = [], []
