@@ -283,26 +283,26 @@ class Loops:
     def generator(self) -> torch.Generator:
         return torch.Generator(self.device).manual_seed(self.seed)  # the same seed for every call
 
+    def options(self, prompt: BenchPrompt, temperature: float, max_new_tokens: int | None) -> dict:
+        """What every loop is called with: the same length, sampling, seed and first-token choices."""
+        return dict(max_new_tokens=max_new_tokens or self.max_new_tokens, temperature=temperature,
+                    generator=self.generator(), first_token_choices=prompt.first_token_choices)
+
     def plain(self, prompt: BenchPrompt, temperature: float, max_new_tokens: int | None = None,
               stop: bool = True) -> Generation:
-        return generate_autoregressive(self.target, prompt.ids, max_new_tokens or self.max_new_tokens,
-                                       temperature=temperature, stop_ids=self.stop_ids if stop else (),
-                                       generator=self.generator(), runner=self.plain_runner,
-                                       first_token_choices=prompt.first_token_choices)
+        return generate_autoregressive(self.target, prompt.ids, stop_ids=self.stop_ids if stop else (),
+                                       runner=self.plain_runner, **self.options(prompt, temperature, max_new_tokens))
 
     def dflash(self, prompt: BenchPrompt, temperature: float, block_size: int,
                max_new_tokens: int | None = None) -> Generation:
-        return generate_dflash(self.target, self.drafter, prompt.ids, max_new_tokens or self.max_new_tokens,
-                               block_size=block_size, temperature=temperature, stop_ids=self.stop_ids,
-                               generator=self.generator(), runner=self.runners[block_size],
-                               first_token_choices=prompt.first_token_choices)
+        return generate_dflash(self.target, self.drafter, prompt.ids, block_size=block_size, stop_ids=self.stop_ids,
+                               runner=self.runners[block_size], **self.options(prompt, temperature, max_new_tokens))
 
     def tree(self, prompt: BenchPrompt, temperature: float, budget: int,
              max_new_tokens: int | None = None) -> Generation:
-        return generate_dflash_tree(self.target, self.drafter, prompt.ids, max_new_tokens or self.max_new_tokens,
-                                    budget=budget, temperature=temperature, stop_ids=self.stop_ids,
-                                    generator=self.generator(), runner=self.tree_runners[budget],
-                                    first_token_choices=prompt.first_token_choices)
+        return generate_dflash_tree(self.target, self.drafter, prompt.ids, budget=budget, stop_ids=self.stop_ids,
+                                    runner=self.tree_runners[budget],
+                                    **self.options(prompt, temperature, max_new_tokens))
 
     def measure_plain(self, prompt: BenchPrompt, temperature: float) -> Run:
         return measure(lambda: self.plain(prompt, temperature), self.plain_runner, {"decode": "decode"}, self.device)

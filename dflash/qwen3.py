@@ -341,6 +341,7 @@ class FilledBlocks:
     def __init__(self, mask: torch.Tensor):
         self.mask = mask  # (seq or 1, keys) or (batch, 1, seq, keys), True where a query may look
         self.shape = mask.shape
+        self.built = None  # the block mask, built by the first layer and shared by the others
 
     def block_mask(self, batch: int, seq: int, keys: int):
         """FlexAttention's block mask: one query block, the key blocks 0..last visible, the dense mask inside."""
@@ -365,7 +366,9 @@ class FilledBlocks:
         from torch.nn.attention.flex_attention import flex_attention
 
         batch, _, seq, _ = q.shape
-        return flex_attention(q, k, v, block_mask=self.block_mask(batch, seq, k.shape[2]), enable_gqa=True)
+        if self.built is None:
+            self.built = self.block_mask(batch, seq, k.shape[2])
+        return flex_attention(q, k, v, block_mask=self.built, enable_gqa=True)
 
     @staticmethod
     def used_for(cache: "KVCache | None", seq: int) -> bool:
@@ -377,19 +380,6 @@ class FilledBlocks:
         """
         return (cache is not None and cache.flex_reads and seq <= FilledBlocks.QUERY_BLOCK
                 and torch.compiler.is_compiling())
-
-
-_COMPILED_FLEX = None
-
-
-def compiled_flex_attention():
-    """`flex_attention`, compiled once per process: uncompiled it runs a slow reference that scores every key."""
-    global _COMPILED_FLEX
-    if _COMPILED_FLEX is None:
-        from torch.nn.attention.flex_attention import flex_attention
-
-        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=True)
-    return _COMPILED_FLEX
 
 
 def chunk_mask_over_cache(slots: torch.Tensor, chunk_mask: torch.Tensor, num_keys: int) -> torch.Tensor:

@@ -30,8 +30,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from dflash.qwen3 import compiled_flex_attention
-
 # ------------------------------------------------------------------ the chunked loss
 
 
@@ -121,6 +119,7 @@ class AnchoredBlocks:
     block_size: int  # B
     blocks_per_chunk: int = 16  # the CPU path: how many consecutive blocks share one attention call
     _flex_mask: object = field(default=None, repr=False)  # built once per step, shared by all layers
+    _dense: torch.Tensor | None = field(default=None, repr=False)  # likewise, for the CPU path
 
     def dense_mask(self) -> torch.Tensor:
         """The pattern as a dense boolean mask (batch, 1, K*B, S + K*B): the reference, and the slow way."""
@@ -153,7 +152,9 @@ class AnchoredBlocks:
         """
         batch, count = self.anchors.shape
         block, length = self.block_size, self.context_length
-        mask = self.dense_mask()  # (batch, 1, K*B, S + K*B) booleans: cheap next to the scores they spare
+        if self._dense is None:  # (batch, 1, K*B, S + K*B) booleans: cheap next to the scores they spare
+            self._dense = self.dense_mask()
+        mask = self._dense
         outputs = []
         for first in range(0, count, self.blocks_per_chunk):
             last = min(first + self.blocks_per_chunk, count)
@@ -186,3 +187,16 @@ class AnchoredBlocks:
 
         return create_block_mask(visible, B=anchors.shape[0], H=None, Q_LEN=num_queries, KV_LEN=num_keys,
                                  device=device)
+
+
+_COMPILED_FLEX = None
+
+
+def compiled_flex_attention():
+    """`flex_attention`, compiled once per process: uncompiled it runs a slow reference that scores every key."""
+    global _COMPILED_FLEX
+    if _COMPILED_FLEX is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=True)
+    return _COMPILED_FLEX
