@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dflash.qwen3 import Qwen3, Qwen3Config
-from generate import ModelRunner, generate_autoregressive, generate_dflash
+from generate import ModelRunner, generate_autoregressive, generate_dflash, sample
 from tests.test_generate import random_drafter
 
 torch.set_num_threads(1)
@@ -52,8 +52,10 @@ def chi_square_p_value(counts: torch.Tensor, probabilities: torch.Tensor) -> flo
     expected = probabilities.flatten() * counts.sum()
     counts = counts.flatten().double()
     small = expected < 5
-    expected = torch.cat([expected[~small], expected[small].sum()[None]])
-    observed = torch.cat([counts[~small], counts[small].sum()[None]])
+    if small.any():
+        expected = torch.cat([expected[~small], expected[small].sum()[None]])
+        counts = torch.cat([counts[~small], counts[small].sum()[None]])
+    observed = counts
     statistic = ((observed - expected) ** 2 / expected).sum()
     degrees = len(expected) - 1
     return torch.special.gammaincc(torch.tensor(degrees / 2.0), statistic / 2).item()
@@ -112,3 +114,22 @@ def test_dflash_sampling_follows_the_target(target):
     assert sum(lengths) / len(lengths) > 1.3  # drafts were accepted often: the rule was exercised
     assert chi_square_p_value(counts, exact_joint(target, TEMPERATURE)) > 1e-3
     assert chi_square_p_value(counts, exact_joint(target, 1.25 * TEMPERATURE)) < 1e-3  # and it has power
+
+
+def test_sample_draws_each_row_from_its_softmax_and_never_a_zero_probability_token():
+    """`sample` itself, on rows whose law is known: inverse-CDF draws, checked by chi-square."""
+    logits = torch.tensor([[2.0, 0.0, float("-inf"), 1.0, -1.0, float("-inf")],
+                           [float("-inf"), 0.5, 0.5, float("-inf"), 3.0, -2.0]])  # (2, 6)
+    generator = torch.Generator().manual_seed(3)
+    draws = torch.stack([sample(logits[None].expand(1000, -1, -1), 0.8, generator) for _ in range(4)])  # (4, 1000, 2)
+    assert draws.shape == (4, 1000, 2) and draws.dtype == torch.long
+    for row in range(2):
+        law = torch.softmax(logits[row].double() / 0.8, dim=-1)
+        counts = torch.bincount(draws[..., row].flatten(), minlength=6)
+        possible = law > 0
+        assert counts[~possible].sum() == 0
+        assert chi_square_p_value(counts[possible], law[possible]) > 1e-3
+    flattened = torch.softmax(logits[0].double() / 2.0, dim=-1)  # a different temperature's law is refused
+    counts = torch.bincount(draws[..., 0].flatten(), minlength=6)
+    assert chi_square_p_value(counts[flattened > 0], flattened[flattened > 0]) < 1e-3
+    assert sample(logits, 0.0).tolist() == [0, 4]

@@ -19,6 +19,7 @@ import json
 import random
 from pathlib import Path
 
+from build_corpus import package_folder
 from paths import CORPUS, WEIGHTS, WORK, require  # also puts the repository root on sys.path, for dflash
 from dflash.cli import OneLineErrors, run_cli
 
@@ -39,6 +40,13 @@ def sample_prompts(files: list[Path], count: int, context_lines: int, rng: rando
     return candidates[:count]
 
 
+def package_train_files(split: dict) -> list[Path]:
+    """The extra packages' training files (keyed `site-packages/NAME/...` in the split), where they are installed."""
+    prefix = "site-packages/"
+    names = [f[len(prefix):].split("/", 1) for f in split["train"] if f.startswith(prefix)]
+    return [package_folder(name) / relative for name, relative in names]
+
+
 def write_jsonl(path: Path, prompts: list[str]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
@@ -51,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--train-out", type=Path, default=WORK / "train_prompts.jsonl")
     parser.add_argument("--heldout-out", type=Path, default=WEIGHTS / "heldout_prompts.jsonl")
     parser.add_argument("--train-count", type=int, default=2000)
+    parser.add_argument("--package-count", type=int, default=0,
+                        help="also this many training prompts from the extra packages' training files, "
+                             "after the stdlib's (when the stdlib has too few openings)")
     parser.add_argument("--heldout-count", type=int, default=24)
     parser.add_argument("--context-lines", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
@@ -63,9 +74,13 @@ def main(args: argparse.Namespace) -> int:
     # Prompts come from the stdlib's files only: the held-out prompts do, and the drafter
     # should learn on the kind of text it is measured on (`--extra-packages` only feeds the target).
     stdlib_train = [root / f for f in split["train"] if not f.startswith("site-packages/")]
-    write_jsonl(args.train_out, sample_prompts(stdlib_train, args.train_count, args.context_lines, rng))
-    write_jsonl(args.heldout_out,
-                sample_prompts([root / f for f in split["heldout"]], args.heldout_count, args.context_lines, rng))
+    train_prompts = sample_prompts(stdlib_train, args.train_count, args.context_lines, rng)
+    heldout_prompts = sample_prompts([root / f for f in split["heldout"]], args.heldout_count, args.context_lines, rng)
+    if args.package_count:  # from their own generator, so that the stdlib's prompts stay as they were
+        train_prompts += sample_prompts(package_train_files(split), args.package_count, args.context_lines,
+                                        random.Random(args.seed + 1))
+    write_jsonl(args.train_out, train_prompts)
+    write_jsonl(args.heldout_out, heldout_prompts)
     return 0
 
 
