@@ -40,6 +40,16 @@ OnToken = Callable[[int, bool], None]  # (token id, came from an accepted draft)
 # ------------------------------------------------------------------------- sampling
 
 
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """The index of the largest logit in each row (..., vocab) -> (...), the first one on a tie.
+
+    The same index as `logits.argmax(dim=-1)` (both take the first maximum), but
+    `max(...).indices` runs 3x faster over a block of rows on this project's CPU
+    (31 us against 90 us for 16 rows of 4,096): two argmaxes were 4 % of a DFlash step.
+    """
+    return logits.max(dim=-1).indices
+
+
 def sample(logits: torch.Tensor, temperature: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:
     """Pick one token per row of logits (..., vocab) -> (...): argmax at temperature 0, else softmax(logits / T).
 
@@ -54,7 +64,7 @@ def sample(logits: torch.Tensor, temperature: float = 0.0, generator: torch.Gene
     block's whole forward pass costs over a decode's).
     """
     if temperature == 0:
-        return logits.argmax(dim=-1)
+        return argmax(logits)
     # float64, so that the running sum over a vocabulary of 150,000 stays exact to ~1e-12.
     probs = torch.softmax(logits.double() / temperature, dim=-1)  # (..., vocab)
     running = probs.cumsum(dim=-1)  # (..., vocab): running[..., -1] is 1 up to rounding
@@ -241,21 +251,21 @@ class ModelRunner:
 
     def decode_forward(self, token: torch.Tensor, position: torch.Tensor, greedy: bool) -> torch.Tensor:
         logits = self.target(token, position, self.target_cache)[0]  # (1, vocab)
-        return logits.argmax(dim=-1) if greedy else logits  # (1,) or (1, vocab)
+        return argmax(logits) if greedy else logits  # (1,) or (1, vocab)
 
     def verify_forward(self, block_ids: torch.Tensor, positions: torch.Tensor, greedy: bool):
         logits, features = self.target(block_ids, positions, self.target_cache, capture_layers=self.layer_ids)
-        picks = logits[0].argmax(dim=-1) if greedy else logits[0]  # (block,) or (block, vocab)
+        picks = argmax(logits[0]) if greedy else logits[0]  # (block,) or (block, vocab)
         return picks, features  # features: (1, block, n_layers * hidden)
 
     def draft_forward(self, context_features, context_positions, block_ids, block_positions) -> torch.Tensor:
         logits = self.drafter_logits(context_features, context_positions, block_ids, block_positions)
-        return logits.argmax(dim=-1)  # (block - 1,): the chain drafts greedily
+        return argmax(logits)  # (block - 1,): the chain drafts greedily
 
     def verify_tree_forward(self, node_ids, positions, slots, tree_mask, greedy: bool):
         logits, features = self.target(node_ids, positions, self.target_cache, capture_layers=self.layer_ids,
                                        slots=slots, chunk_mask=tree_mask)
-        picks = logits[0].argmax(dim=-1) if greedy else logits[0]  # (nodes,) or (nodes, vocab)
+        picks = argmax(logits[0]) if greedy else logits[0]  # (nodes,) or (nodes, vocab)
         return picks, features  # features: (1, nodes, n_layers * hidden)
 
     def draft_tree_forward(self, context_features, context_positions, block_ids, block_positions):

@@ -9,7 +9,7 @@ from safetensors.torch import load_file
 from dflash.drafter import Drafter, DrafterConfig
 from dflash.qwen3 import Qwen3
 from tests.reference import as_the_reference_was_made
-from generate import ModelRunner, generate_autoregressive, generate_dflash
+from generate import ModelRunner, argmax, generate_autoregressive, generate_dflash
 
 FIXTURES = Path(__file__).parent / "fixtures"
 torch.set_num_threads(1)  # these models are tiny: a second thread only adds contention
@@ -229,3 +229,14 @@ def test_printing_time_is_reported_apart(sharded_pair):
     result = generate_dflash(target, drafter, prompt, 10, block_size=4, on_token=slow_printer)
     assert result.callback_seconds >= 0.1
     assert result.seconds < result.callback_seconds  # ten 10 ms sleeps are not in the measured time
+
+
+def test_argmax_picks_the_first_maximum_as_tensor_argmax_does():
+    torch.manual_seed(0)
+    logits = torch.randn(16, 4096)
+    logits[3, [7, 100, 4095]] = 50.0  # a three-way tie: the first index wins
+    logits[5] = 0.0  # all tied
+    logits[9, [0, 1]] = float("inf")
+    assert torch.equal(argmax(logits), logits.argmax(dim=-1))
+    assert argmax(logits)[3] == 7 and argmax(logits)[5] == 0
+    assert argmax(logits[0]).shape == ()
