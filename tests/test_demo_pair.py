@@ -28,10 +28,10 @@ ROOT = Path(__file__).resolve().parents[1]
 WEIGHTS = ROOT / "weights"
 NEW_TOKENS = 128
 # Floors under what the shipped pair measured on these 8 prompts (bench.py, CPU), so that
-# a regression fails: mean distinct-4-gram ratio 0.25 (the goal of 0.35 is not reached
-# yet: weights/README.md), pooled tau 2.40 at block 16.
-MIN_DISTINCT_4GRAMS = 0.2
-MIN_TAU = 2.0
+# a regression fails: mean distinct-4-gram ratio 0.32 (the goal of 0.35 is not reached
+# yet: weights/README.md), pooled tau 2.96 at block 16.
+MIN_DISTINCT_4GRAMS = 0.25
+MIN_TAU = 2.5
 
 
 @pytest.fixture(scope="module")

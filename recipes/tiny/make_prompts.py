@@ -5,7 +5,8 @@
 Two JSONL files of `{"prompt": ...}` records, each prompt a piece of real code
 that stops right after a `def` line, where the model has a function body to write:
 - `recipes/tiny/work/train_prompts.jsonl` (scratch) from the *training* files: the
-  target's own continuations of these become the drafter's training data;
+  target's own continuations of these become the drafter's training data (the
+  stdlib's, then `--package-count` more from the extra packages' files);
 - `weights/heldout_prompts.jsonl` from the *held-out* files (shipped): the default
   prompt set of `python bench.py` for the demo pair, never seen in training.
 
@@ -21,7 +22,7 @@ from pathlib import Path
 
 from build_corpus import package_folder
 from paths import CORPUS, WEIGHTS, WORK, require  # also puts the repository root on sys.path, for dflash
-from dflash.cli import OneLineErrors, run_cli
+from dflash.cli import OneLineErrors, UsageError, run_cli
 
 
 def openings(text: str, context_lines: int) -> list[str]:
@@ -69,10 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> int:
+    for name in ("train_count", "package_count", "heldout_count", "context_lines"):
+        if getattr(args, name) < 0:
+            raise UsageError(f"--{name.replace('_', '-')} must be 0 or more, got {getattr(args, name)}")
     split = json.loads(require(args.split, "recipes/tiny/build_corpus.py").read_text())
     root, rng = Path(split["stdlib"]), random.Random(args.seed)
-    # Prompts come from the stdlib's files only: the held-out prompts do, and the drafter
-    # should learn on the kind of text it is measured on (`--extra-packages` only feeds the target).
+    # Prompts come from the stdlib's files first: the held-out prompts do, and the drafter
+    # should learn on the kind of text it is measured on. The stdlib has about 14,000
+    # openings; `--package-count` adds more from the extra packages' training files.
     stdlib_train = [root / f for f in split["train"] if not f.startswith("site-packages/")]
     train_prompts = sample_prompts(stdlib_train, args.train_count, args.context_lines, rng)
     heldout_prompts = sample_prompts([root / f for f in split["heldout"]], args.heldout_count, args.context_lines, rng)
