@@ -50,12 +50,11 @@ def exact_joint(target, temperature):
 def chi_square_p_value(counts: torch.Tensor, probabilities: torch.Tensor) -> float:
     """Pearson's test of counts against probabilities; cells expecting < 5 are pooled into one."""
     expected = probabilities.flatten() * counts.sum()
-    counts = counts.flatten().double()
+    observed = counts.flatten().double()
     small = expected < 5
-    if small.any():
+    if small.any():  # pooled only when there is something to pool: an empty pool would be 0 / 0
         expected = torch.cat([expected[~small], expected[small].sum()[None]])
-        counts = torch.cat([counts[~small], counts[small].sum()[None]])
-    observed = counts
+        observed = torch.cat([observed[~small], observed[small].sum()[None]])
     statistic = ((observed - expected) ** 2 / expected).sum()
     degrees = len(expected) - 1
     return torch.special.gammaincc(torch.tensor(degrees / 2.0), statistic / 2).item()
