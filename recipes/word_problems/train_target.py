@@ -1,6 +1,6 @@
 """Train the tiny Qwen3 demo target with a plain next-token loop (after tokenize_corpus.py).
 
-    python recipes/tiny/train_target.py --minutes 40 --seed 0
+    python recipes/word_problems/train_target.py --minutes 75 --seed 0
 
 The model is a real Qwen3 (grouped-query attention, q/k norm, `head_dim` decoupled
 from `hidden_size`, tied embeddings), only small enough to train on a laptop CPU.
@@ -9,12 +9,13 @@ linear warm-up then cosine decay, gradient clipping. By default the schedule
 follows the clock (`--minutes`), so the run ends on time however busy the CPU is;
 `--steps` fixes the step count instead, for a bit-reproducible run.
 `--init-from` starts a second phase from a saved checkpoint's weights, with a fresh
-optimizer and schedule (how the shipped target was made: a first phase on the
-stdlib plus installed packages, then an annealing phase on the stdlib alone, the
-kind of code the held-out files and prompts are).
+optimizer and schedule. The embedding table has the tokenizer's size rounded up to
+a multiple of 8, as Qwen3's has (151,936 rows for 151,669 tokens): the first spare
+row is the drafter's mask token.
 A checkpoint (model, optimizer, RNG, step) is written atomically every few
-minutes (to `recipes/tiny/work/target_state.pt`, scratch); `--resume` continues
-from it. The result is saved in the official layout, to `weights/tiny-qwen3/`.
+minutes (to `recipes/word_problems/work/target_state.pt`, scratch); `--resume`
+continues from it. The result is saved in the official layout next to the tokenizer,
+in `recipes/word_problems/work/tiny-qwen3/` (then copied to `weights/`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from paths import CORPUS, WEIGHTS, WORK, require  # also puts the repository root on sys.path, for dflash
+from paths import CORPUS, WORK, require  # also puts the repository root on sys.path, for dflash
 from dflash.checkpoint import write_json_atomically
 from dflash.cli import OneLineErrors, run_cli
 from dflash.qwen3 import Qwen3, Qwen3Config
@@ -108,10 +109,10 @@ def save_state(path: Path, model, optimizer, step, total, generator, log) -> Non
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrors(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", type=Path, default=CORPUS)
-    parser.add_argument("--tokenizer", type=Path, default=WEIGHTS / "tiny-qwen3" / "tokenizer.json")
-    parser.add_argument("--out", type=Path, default=WEIGHTS / "tiny-qwen3")
+    parser.add_argument("--tokenizer", type=Path, default=WORK / "tiny-qwen3" / "tokenizer.json")
+    parser.add_argument("--out", type=Path, default=WORK / "tiny-qwen3")
     parser.add_argument("--work", type=Path, default=WORK, help="scratch: resume state and log")
-    parser.add_argument("--minutes", type=float, default=40.0, help="time budget; the schedule follows the clock")
+    parser.add_argument("--minutes", type=float, default=75.0, help="time budget; the schedule follows the clock")
     parser.add_argument("--steps", type=int, default=None, help="a fixed step count instead (bit-reproducible)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=2)
@@ -136,10 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(args: argparse.Namespace) -> int:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
-    train = np.fromfile(require(args.corpus / "train.bin", "recipes/tiny/tokenize_corpus.py"), dtype=np.uint16)
-    heldout_tokens = np.fromfile(require(args.corpus / "heldout.bin", "recipes/tiny/tokenize_corpus.py"),
+    train = np.fromfile(require(args.corpus / "train.bin", "recipes/word_problems/tokenize_corpus.py"), dtype=np.uint16)
+    heldout_tokens = np.fromfile(require(args.corpus / "heldout.bin", "recipes/word_problems/tokenize_corpus.py"),
                                  dtype=np.uint16)
-    vocab_size = Tokenizer.from_file(str(require(args.tokenizer, "recipes/tiny/train_tokenizer.py"))).get_vocab_size()
+    tokenizer_size = Tokenizer.from_file(str(require(args.tokenizer, "recipes/word_problems/train_tokenizer.py"))
+                                         ).get_vocab_size()
+    vocab_size = -(-tokenizer_size // 8) * 8  # rounded up to a multiple of 8: spare rows, the first is the mask
     if args.init_from is not None:
         model = Qwen3.from_pretrained(require(args.init_from / "config.json", "an earlier train_target.py run").parent)
         model.requires_grad_(True).train()  # loaded for inference: make it trainable again

@@ -4,7 +4,7 @@ Each part (`train.txt`, `heldout.txt`) becomes a flat array of uint16 ids
 (`train.bin`, `heldout.bin`) written with `ndarray.tofile`: no header, just the
 numbers, so the training loop can open it with `np.memmap(path, dtype=np.uint16)`
 and slice random windows without reading the whole file. uint16 is enough
-because the vocabulary (4,096) is far below 65,536, and halves the size of int32.
+because the vocabulary (1,020) is far below 65,536, and halves the size of int32.
 
 Speed: `encode_batch` tokenizes many strings in parallel (Rust threads), so we
 cut the text into chunks of whole files and hand over a batch of chunks at a time.
@@ -12,8 +12,8 @@ Cutting right after an `<|endoftext|>` changes nothing: a special token is alway
 a boundary, so the ids of the pieces, concatenated, are the ids of the whole.
 We check that anyway, by decoding the array back and comparing with the text.
 
-Usage:  python recipes/tiny/tokenize_corpus.py   (after build_corpus.py and train_tokenizer.py)
-Then:   python recipes/tiny/train_target.py
+Usage:  python recipes/word_problems/tokenize_corpus.py   (after build_corpus.py and train_tokenizer.py)
+Then:   python recipes/word_problems/train_target.py
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import numpy as np
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from paths import CORPUS, WEIGHTS, require  # also puts the repository root on sys.path, for dflash
+from paths import CORPUS, WORK, require  # also puts the repository root on sys.path, for dflash
 from dflash.cli import OneLineErrors, UsageError, run_cli
 
 END_OF_TEXT = "<|endoftext|>"
@@ -59,7 +59,7 @@ def check_exact(tokenizer: Tokenizer, ids: np.ndarray, text: str, name: str) -> 
 
 def tokenize_part(tokenizer: Tokenizer, corpus: Path, name: str, batch_size: int) -> tuple[int, int]:
     """Write `<name>.bin` from `<name>.txt`; return (bytes of text, tokens)."""
-    text = require(corpus / f"{name}.txt", "recipes/tiny/build_corpus.py").read_text(encoding="utf-8")
+    text = require(corpus / f"{name}.txt", "recipes/word_problems/build_corpus.py").read_text(encoding="utf-8")
     ids = encode(tokenizer, split_after_end_of_text(text), batch_size, name)
     check_exact(tokenizer, ids, text, name)
     ids.tofile(corpus / f"{name}.bin")
@@ -71,13 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--corpus", type=Path, default=CORPUS,
                         help="folder with train.txt and heldout.txt; the .bin files go here too")
-    parser.add_argument("--tokenizer", type=Path, default=WEIGHTS / "tiny-qwen3" / "tokenizer.json")
+    parser.add_argument("--tokenizer", type=Path, default=WORK / "tiny-qwen3" / "tokenizer.json")
     parser.add_argument("--batch-size", type=int, default=32, help="files per encode_batch call")
     return parser
 
 
 def main(args: argparse.Namespace) -> int:
-    tokenizer = Tokenizer.from_file(str(require(args.tokenizer, "recipes/tiny/train_tokenizer.py")))
+    tokenizer = Tokenizer.from_file(str(require(args.tokenizer, "recipes/word_problems/train_tokenizer.py")))
     if tokenizer.get_vocab_size() > np.iinfo(np.uint16).max + 1:
         raise UsageError(f"vocabulary of {tokenizer.get_vocab_size()} does not fit in uint16")
     for name in ("train", "heldout"):

@@ -1,9 +1,9 @@
-"""Where the tiny recipe reads and writes, in one place for all its steps.
+"""Where the word-problem recipe reads and writes, in one place for all its steps.
 
 What is shipped goes to `weights/` (the two checkpoints, the held-out prompts, the
 plots); everything else (corpus text, token arrays, training prompts, generated
 data, the target's resume state and log) goes to the scratch folder
-`recipes/tiny/work/`, which git ignores.
+`recipes/word_problems/work/`, which git ignores.
 
 Importing this module also puts the repository root on `sys.path`, so the steps
 find the `dflash` package even where it is not installed (`pip install -e .`).

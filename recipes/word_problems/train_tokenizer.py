@@ -1,26 +1,32 @@
 """Train the demo model's tokenizer: a byte-level BPE learned from the corpus's train part.
 
-Qwen3 uses a byte-level BPE with 151,646 tokens. Ours is the same kind of object,
-trained the same way, only 37x smaller (4,096 tokens by default): a tiny model
-cannot afford a huge embedding table, and a 9 MB corpus could not fill one anyway.
+Qwen3 uses a byte-level BPE with 151,643 learned tokens plus its chat special tokens.
+Ours is the same kind of object, trained the same way, only about 150x smaller
+(1,020 tokens by default): a tiny model cannot afford a huge embedding table, and
+word problems need few words.
 
 "Byte-level" means the text is first turned into bytes and each byte into one of
-256 printable stand-in characters (the `ByteLevel.alphabet()`), so every string,
-in any language or encoding, has a tokenization: nothing is ever "unknown", and
-decoding gives back exactly the input. BPE then merges the most frequent adjacent
-pair again and again, until the vocabulary is full.
+256 printable stand-in characters (the `ByteLevel.alphabet()`), so every string has a
+tokenization: nothing is ever "unknown", and decoding gives back exactly the input.
+BPE then merges the most frequent adjacent pair again and again, until the
+vocabulary is full. Digits are split apart first, as Qwen's pre-tokenizer does, so
+every digit is its own token and numbers are spelled the same way wherever they appear.
 
-Two special tokens come first, with fixed ids:
-  <|endoftext|>  id 0  ends every file in the corpus; generation stops on it
-  <|mask|>       id 1  the placeholder DFlash's drafter fills in
+The special tokens are Qwen3's chat tokens, matched whole before BPE sees the text:
+  <|endoftext|>  ends every document;  <|im_start|>, <|im_end|>  open and close a turn
+  (generation stops on <|im_end|>);  <think>, </think>  the (empty) reasoning block
+
+There is no mask token: as in the released DFlash drafters, the drafter's mask id is
+the first id past the tokenizer (`len(tokenizer)`), a row the target's embedding
+table has because its vocabulary is padded to a multiple of 8 (as Qwen3's 151,936 is).
 
 Outputs (in `--out`, default `weights/tiny-qwen3/`, the demo target's folder):
   tokenizer.json          the tokenizer, loadable with `tokenizers.Tokenizer.from_file`
-  tokenizer_config.json   the special tokens, as in a Hugging Face checkpoint folder
-  generation_config.json  the end-of-text id generation stops on; greedy decoding
+  tokenizer_config.json   the special tokens, as in a Qwen3 checkpoint folder
+  generation_config.json  the stop ids, and Qwen3's recommended sampling settings (greedy stays the default)
 
-Usage:  python recipes/tiny/train_tokenizer.py [--vocab-size 4096]   (after build_corpus.py)
-Then:   python recipes/tiny/tokenize_corpus.py   (the corpus as token ids)
+Usage:  python recipes/word_problems/train_tokenizer.py [--vocab-size 1020]   (after build_corpus.py)
+Then:   python recipes/word_problems/tokenize_corpus.py   (the corpus as token ids)
 """
 
 from __future__ import annotations
@@ -35,24 +41,27 @@ from paths import CORPUS, WEIGHTS, require  # also puts the repository root on s
 from dflash.checkpoint import write_json_atomically
 from dflash.cli import OneLineErrors, run_cli
 
-END_OF_TEXT, MASK = "<|endoftext|>", "<|mask|>"
-SPECIAL_TOKENS = [END_OF_TEXT, MASK]  # their order gives their ids: 0 and 1
+END_OF_TEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
+SPECIAL_TOKENS = [END_OF_TEXT, IM_START, IM_END, "<think>", "</think>"]  # their order gives their ids: 0 to 4
 
 
-def read_documents(text_file: Path) -> list[str]:
-    """The corpus files, cut apart at `<|endoftext|>` (which `build_corpus.py` put after each)."""
+def read_documents(text_file: Path, limit: int | None = None) -> list[str]:
+    """The corpus's documents (at most `limit`), cut apart at `<|endoftext|>`."""
     text = text_file.read_text(encoding="utf-8")
-    return [doc.removeprefix("\n") for doc in text.split(END_OF_TEXT) if doc.strip()]
+    return [doc.removeprefix("\n") for doc in text.split(END_OF_TEXT) if doc.strip()][:limit]
 
 
 def new_tokenizer() -> Tokenizer:
-    """An empty byte-level BPE: bytes -> stand-in characters -> merges, and back.
+    """An empty byte-level BPE: digits apart, bytes -> stand-in characters -> merges, and back.
 
     `add_prefix_space=False` keeps the text exactly as written (GPT-2's habit of
     inserting a space before the first word would break the round trip).
     """
     tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False),
+    ])
     tokenizer.decoder = decoders.ByteLevel()
     return tokenizer
 
@@ -84,15 +93,17 @@ def check_special_ids(tokenizer: Tokenizer) -> None:
 
 def write_folder_configs(folder: Path, tokenizer: Tokenizer) -> None:
     """The two small JSON files that sit next to `tokenizer.json` in a Qwen3 checkpoint folder."""
-    eos = tokenizer.token_to_id(END_OF_TEXT)
+    end_of_text, im_end = tokenizer.token_to_id(END_OF_TEXT), tokenizer.token_to_id(IM_END)
     tokenizer_config = {
-        "eos_token": END_OF_TEXT,
+        "eos_token": IM_END,  # a chat turn ends here, as in Qwen3's instruct checkpoints
         "pad_token": END_OF_TEXT,
-        "mask_token": MASK,
         "model_max_length": 1024,
-        "tokenizer_class": "PreTrainedTokenizerFast",
+        "tokenizer_class": "Qwen2Tokenizer",
     }
-    generation_config = {"eos_token_id": eos, "pad_token_id": eos, "do_sample": False}
+    generation_config = {  # Qwen3's layout and its recommended non-thinking sampling settings
+        "eos_token_id": [im_end, end_of_text], "pad_token_id": end_of_text,
+        "do_sample": True, "temperature": 0.7, "top_k": 20, "top_p": 0.8,
+    }
     write_json_atomically(folder / "tokenizer_config.json", tokenizer_config)
     write_json_atomically(folder / "generation_config.json", generation_config)
 
@@ -106,7 +117,10 @@ def check_round_trip(tokenizer: Tokenizer, documents: list[str], count: int) -> 
             raise SystemExit("round trip failed on a held-out file")
         if ids.count(tokenizer.token_to_id(END_OF_TEXT)) != 1:
             raise SystemExit("the end-of-text marker was not encoded as its one special token")
-    print(f"round trip: exact on {min(count, len(documents))} held-out files")
+        for digit in "0123456789":
+            if digit in doc and tokenizer.token_to_id(digit) not in ids:
+                raise SystemExit(f"digit {digit} was merged into a longer token")
+    print(f"round trip: exact on {min(count, len(documents))} held-out documents")
 
 
 def tokens_per_byte(tokenizer: Tokenizer, documents: list[str]) -> float:
@@ -118,26 +132,28 @@ def tokens_per_byte(tokenizer: Tokenizer, documents: list[str]) -> float:
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrors(description=__doc__.split("\n\n")[0],
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--vocab-size", type=int, default=4096, help="tokens in the vocabulary, specials included")
+    parser.add_argument("--vocab-size", type=int, default=1020, help="tokens in the vocabulary, specials included")
     parser.add_argument("--corpus", type=Path, default=CORPUS,
                         help="folder with train.txt and heldout.txt")
     parser.add_argument("--out", type=Path, default=WEIGHTS / "tiny-qwen3",
                         help="folder for tokenizer.json and the two configs")
-    parser.add_argument("--check-files", type=int, default=5, help="held-out files to round-trip")
+    parser.add_argument("--check-files", type=int, default=200, help="held-out documents to round-trip")
+    parser.add_argument("--train-documents", type=int, default=100_000, help="documents the merges are learnt from")
     return parser
 
 
 def main(args: argparse.Namespace) -> int:
     start = time.perf_counter()
-    train_docs = read_documents(require(args.corpus / "train.txt", "recipes/tiny/build_corpus.py"))
-    heldout_docs = read_documents(require(args.corpus / "heldout.txt", "recipes/tiny/build_corpus.py"))
+    train_docs = read_documents(require(args.corpus / "train.txt", "recipes/word_problems/build_corpus.py"),
+                                args.train_documents)
+    heldout_docs = read_documents(require(args.corpus / "heldout.txt", "recipes/word_problems/build_corpus.py"))
     tokenizer = new_tokenizer()
     train(tokenizer, train_docs, args.vocab_size)
     check_special_ids(tokenizer)
     args.out.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(args.out / "tokenizer.json"))
     write_folder_configs(args.out, tokenizer)
-    print(f"trained {tokenizer.get_vocab_size()} tokens on {len(train_docs)} files "
+    print(f"trained {tokenizer.get_vocab_size()} tokens on {len(train_docs)} documents "
           f"in {time.perf_counter() - start:.1f} s -> {args.out / 'tokenizer.json'}")
     check_round_trip(tokenizer, heldout_docs, args.check_files)
     print(f"held-out: {tokens_per_byte(tokenizer, heldout_docs):.3f} tokens per byte")
