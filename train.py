@@ -79,7 +79,8 @@ class TrainConfig:
     target_layer_ids: list[int] | None = option(
         None, "target layers whose outputs feed the drafter, e.g. 1,9,17,25,33 (default: spread over the target)")
     mask_token_id: int | None = option(
-        None, "the token of the unknown slots (default: the tokenizer's <|mask|>, else the target's last id)")
+        None, "the token of the unknown slots (default: the tokenizer's <|mask|>, else len(tokenizer), "
+            "the first padding row)")
     intermediate_size: int | None = option(None, "drafter MLP width (default: the target's)")
     num_heads: int | None = option(None, "drafter query heads (default: the target's)")
     num_kv_heads: int | None = option(None, "drafter key/value heads (default: the target's)")
@@ -299,8 +300,10 @@ def build_drafter_config(cfg: TrainConfig, target: Qwen3Config, tokenizer) -> Dr
         mask_token_id = cfg.mask_token_id
     elif tokenizer is not None and tokenizer.mask_token_id is not None:
         mask_token_id = tokenizer.mask_token_id
+    elif tokenizer is not None and tokenizer.vocab_size < target.vocab_size:
+        mask_token_id = tokenizer.vocab_size  # the first padding row past the tokenizer, as the released drafters use
     else:
-        mask_token_id = target.vocab_size - 1  # Qwen3 pads its vocabulary: the last rows are never produced
+        mask_token_id = target.vocab_size - 1  # no tokenizer: the last embedding row, never produced
     if not 0 <= mask_token_id < target.vocab_size:
         raise UsageError(f"--mask-token-id {mask_token_id} is outside the target's vocabulary "
                          f"(0..{target.vocab_size - 1})")

@@ -585,3 +585,16 @@ def test_data_parallel_under_torchrun(tmp_path):
     state = torch.load(out / "training_state.pt", weights_only=True)
     assert len(state["rng"]) == 2  # each process's anchor generator, for an exact resume
     Drafter.from_pretrained(out, target=Qwen3.from_pretrained(TINY))
+
+
+def test_default_mask_token_is_the_first_id_past_the_tokenizer():
+    """As the released drafters do (Qwen3: 151,669 tokens, mask 151669), not the last embedding row."""
+    target = Qwen3Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=4,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+
+    class SixtyTokens:  # a tokenizer without <|mask|> whose 60 ids leave 4 padding rows
+        mask_token_id, vocab_size = None, 60
+
+    cfg = train.TrainConfig(drafter_layers=1, block_size=4)
+    assert train.build_drafter_config(cfg, target, SixtyTokens()).mask_token_id == 60
+    assert train.build_drafter_config(cfg, target, None).mask_token_id == 63  # no tokenizer: the last row
