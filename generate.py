@@ -27,7 +27,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from dflash.cli import (OneLineErrors, Prompt, add_device_options, add_prompt_options, encode_for_generation,
+from dflash.cli import (OneLineErrors, Prompt, UsageError, add_device_options, add_prompt_options, encode_for_generation,
                         find_tokenizer, pick_device, pick_dtype, run_cli, stop_token_ids)
 from dflash.drafter import Drafter
 from dflash.qwen3 import KVCache, Qwen3
@@ -413,29 +413,29 @@ def check_request(target: Qwen3, prompt_ids: Sequence[int], max_new_tokens: int,
     any cache is allocated.
     """
     if len(prompt_ids) == 0:
-        raise ValueError("the prompt is empty")
+        raise UsageError("the prompt is empty")
     if max_new_tokens <= 0:
-        raise ValueError(f"max_new_tokens must be positive, got {max_new_tokens}")
+        raise UsageError(f"max_new_tokens must be positive, got {max_new_tokens}")
     if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+        raise UsageError(f"temperature must be >= 0, got {temperature}")
     vocab, limit = target.config.vocab_size, target.config.max_position_embeddings
     outside = [token for token in prompt_ids if not 0 <= token < vocab]
     if outside:
-        raise ValueError(f"prompt token id {outside[0]} is outside the vocabulary (0..{vocab - 1})")
+        raise UsageError(f"prompt token id {outside[0]} is outside the vocabulary (0..{vocab - 1})")
     if len(prompt_ids) + max_new_tokens > limit:
-        raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
+        raise UsageError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
                          f"the model's max_position_embeddings ({limit})")
     if drafter is not None and not 2 <= block_size <= drafter.config.block_size:
-        raise ValueError(f"block size must be between 2 and the drafter's {drafter.config.block_size}, "
+        raise UsageError(f"block size must be between 2 and the drafter's {drafter.config.block_size}, "
                          f"got {block_size}")
     if runner is not None and block_size != runner.block_size:
-        raise ValueError(f"block size {block_size} differs from the runner's {runner.block_size}")
+        raise UsageError(f"block size {block_size} differs from the runner's {runner.block_size}")
     if tree_budget and runner is not None and tree_budget != runner.tree_budget:
-        raise ValueError(f"tree budget {tree_budget} differs from the runner's {runner.tree_budget}")
+        raise UsageError(f"tree budget {tree_budget} differs from the runner's {runner.tree_budget}")
     chunk = max(block_size, tree_budget + 1)  # a block, or a tree's nodes
     needed = len(prompt_ids) + max_new_tokens + chunk  # the last chunk may reach past the end
     if runner is not None and needed > runner.max_length:
-        raise ValueError(f"prompt ({len(prompt_ids)}) + max_new_tokens ({max_new_tokens}) + block or tree "
+        raise UsageError(f"prompt ({len(prompt_ids)}) + max_new_tokens ({max_new_tokens}) + block or tree "
                          f"({chunk}) needs {needed} cache slots, the runner has {runner.max_length}")
 
 
@@ -521,7 +521,7 @@ def generate_dflash_tree(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[i
     """
     block_size = block_size or (runner.block_size if runner is not None else drafter.config.block_size)
     if budget < 1:
-        raise ValueError(f"a tree needs a budget of at least 1 node, got {budget}")
+        raise UsageError(f"a tree needs a budget of at least 1 node, got {budget}")
     check_request(target, prompt_ids, max_new_tokens, temperature, runner, drafter, block_size, budget)
     runner = runner or ModelRunner(target, drafter, block_size=block_size, tree_budget=budget,
                                    max_length=len(prompt_ids) + max_new_tokens + max(block_size, budget + 1))
@@ -596,14 +596,14 @@ def parse_prompt_ids(text: str) -> list[int]:
     try:
         return [int(piece) for piece in text.split(",") if piece.strip()]
     except ValueError:
-        raise ValueError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
+        raise UsageError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
 
 
 def command_line_prompt(args) -> Prompt:
     if args.prompt_ids is not None:
         return Prompt("--prompt-ids", ids=parse_prompt_ids(args.prompt_ids))
     if args.prompt is None:
-        raise ValueError("give a prompt with --prompt TEXT or --prompt-ids 1,2,3")
+        raise UsageError("give a prompt with --prompt TEXT or --prompt-ids 1,2,3")
     return Prompt("--prompt", text=args.prompt)
 
 
@@ -661,7 +661,7 @@ def run(args) -> int:
                                                             args.thinking, args.token_healing)
     block_size = (args.block_size or drafter.config.block_size) if drafter is not None else None
     if args.tree < 0:
-        raise ValueError(f"--tree must be 0 (the chain) or a number of nodes, got {args.tree}")
+        raise UsageError(f"--tree must be 0 (the chain) or a number of nodes, got {args.tree}")
     compile = device.type == "cuda" if args.compile is None else args.compile
     chunk = max(block_size or 1, args.tree + 1)  # a block, or a tree's nodes
     runner = ModelRunner(target, drafter, max_length=len(prompt_ids) + args.max_new_tokens + chunk,

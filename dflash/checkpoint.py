@@ -65,6 +65,24 @@ def refuse_unsupported_fields(raw: dict, source: str, expected_model_type: str) 
         raise CheckpointError(f"{source}: layer_types other than 'full_attention' are not supported")
     if raw.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"{source}: hidden_act={raw['hidden_act']!r} is not supported (only 'silu')")
+    rope_theta(raw, source)  # refuses a RoPE type other than the default
+
+
+def rope_theta(raw: dict, source: str) -> float | None:
+    """RoPE's base: `rope_theta`, or inside `rope_parameters`, where newer transformers versions write it.
+
+    Only the default RoPE is implemented; any other `rope_type` is refused by name.
+    """
+    params = raw.get("rope_parameters")
+    if params is None:
+        return raw.get("rope_theta")
+    rope_type = params.get("rope_type", "default") if isinstance(params, dict) else params
+    if rope_type != "default":
+        raise CheckpointError(f"{source}: rope_parameters with rope_type={rope_type!r} is not supported "
+                              "(only 'default')")
+    if "rope_theta" not in params:
+        raise CheckpointError(f"{source}: rope_parameters has no rope_theta")
+    return params["rope_theta"]
 
 
 # ---------------------------------------------------------------------------- reading

@@ -30,7 +30,7 @@ from dflash.tokenizer import TOKENIZER_FILES, Tokenizer, TokenizerError, eos_ids
 
 
 class UsageError(ValueError):
-    """Bad input from the command line or a file it names. The message is one line."""
+    """Bad input: a request, a command line or a file it names. The message is one line."""
 
 
 # ------------------------------------------------------------------ errors and exit status
@@ -45,7 +45,7 @@ class OneLineErrors(argparse.ArgumentParser):
 
 
 # Every error a user can cause and fix: each carries a message fit to print as it is.
-USER_ERRORS = (UsageError, CheckpointError, TokenizerError, ValueError)
+USER_ERRORS = (UsageError, CheckpointError, TokenizerError)  # anything else is a bug: keep its traceback
 
 
 def run_cli(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], int],

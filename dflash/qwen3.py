@@ -51,6 +51,8 @@ class Qwen3Config:
             raise CheckpointError(f"{source}: missing required field(s) {', '.join(sorted(missing))}")
         values = {f.name: raw[f.name] for f in fields(cls) if f.name in raw}
         values["dtype"] = raw.get("dtype") or raw.get("torch_dtype") or "float32"
+        if checkpoint.rope_theta(raw, source) is not None:
+            values["rope_theta"] = checkpoint.rope_theta(raw, source)
         if not isinstance(getattr(torch, values["dtype"], None), torch.dtype):
             raise CheckpointError(f"{source}: dtype={values['dtype']!r} is not a torch dtype")
         if "head_dim" not in values:  # older configs leave it implicit
@@ -298,9 +300,12 @@ class KVCache:
         self.length += count
 
     def trim(self, length: int) -> None:
-        """Forget everything from position `length` on (O(1): nothing is copied or freed)."""
-        if not 0 <= length <= self.max_length:
-            raise ValueError(f"cannot trim a cache of {self.max_length} positions to {length}")
+        """Forget everything from position `length` on (O(1): nothing is copied or freed).
+
+        Trimming only shortens: a length past the committed one would commit slots never written.
+        """
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot trim a cache holding {self.length} positions to {length}")
         self.length = length
 
 

@@ -42,7 +42,7 @@ EMPTY_THINKING = f"{THINK_OPEN}\n\n{THINK_CLOSE}\n\n"
 
 
 class TokenizerError(ValueError):
-    """A tokenizer this code cannot load. The message is one line a CLI can print."""
+    """A tokenizer, or a conversation, this code cannot handle. The message is one line a CLI can print."""
 
 
 # --------------------------------------------------------------------------- loading
@@ -198,11 +198,11 @@ def apply_qwen3_chat_template(
     writes an empty `<think>` block so the model answers straight away.
     """
     if not messages:
-        raise ValueError("apply_chat_template: the message list is empty")
+        raise TokenizerError("apply_chat_template: the message list is empty")
     for position, message in enumerate(messages):
         role = message.get("role")
         if role not in ("system", "user", "assistant"):
-            raise ValueError(
+            raise TokenizerError(
                 f"apply_chat_template: message {position} has role {role!r}; "
                 "expected 'system', 'user' or 'assistant'"
             )

@@ -79,11 +79,22 @@ def test_untied_checkpoint_needs_its_lm_head(tmp_path):
     ("model_type", "llama"),
     ("layer_types", ["sliding_attention"] * 4),
     ("hidden_act", "gelu"),
+    ("rope_parameters", {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0}),
 ])
 def test_unsupported_config_field_is_named(tmp_path, field, value):
     folder = copy_of("qwen3-tiny", tmp_path)
     edit_config(folder, **{field: value})
     expect_error(folder, field)
+
+
+def test_rope_theta_is_read_from_rope_parameters(tmp_path):
+    """Newer transformers versions write RoPE's base inside `rope_parameters`, not as `rope_theta`."""
+    folder = copy_of("qwen3-tiny", tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    theta = config.pop("rope_theta")
+    config["rope_parameters"] = {"rope_type": "default", "rope_theta": theta / 10}
+    (folder / "config.json").write_text(json.dumps(config))
+    assert Qwen3.from_pretrained(folder).config.rope_theta == theta / 10
 
 
 def test_config_that_is_not_json(tmp_path):

@@ -94,3 +94,20 @@ def test_bad_input_in_a_real_process_has_no_traceback(case):
     done = run(*BAD_INPUTS[case])
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.startswith("error: ") and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_only_the_projects_errors_become_one_line_a_bug_keeps_its_traceback():
+    """A bare ValueError is a programming error: run_cli must not turn it into 'error: ...' and exit 2."""
+    import argparse
+
+    from dflash.cli import UsageError, run_cli
+
+    def bad_input(args):
+        raise UsageError("--x must be positive")
+
+    def bug(args):
+        raise ValueError("math domain error")
+
+    assert run_cli(argparse.ArgumentParser(), bad_input, []) == 2
+    with pytest.raises(ValueError, match="math domain"):
+        run_cli(argparse.ArgumentParser(), bug, [])

@@ -190,6 +190,8 @@ def test_trim_and_extend_move_a_length_only(model_and_reference):
     with pytest.raises(ValueError):
         cache.trim(17)
     with pytest.raises(ValueError):
+        cache.trim(8)  # past the 7 committed: it would commit slots never written
+    with pytest.raises(ValueError):
         cache.extend(10)
 
 
