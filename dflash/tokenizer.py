@@ -241,7 +241,8 @@ class Tokenizer:
         # and its prompts are passed as plain text instead.
         self.has_chat_template = raw.token_to_id(IM_START) is not None and raw.token_to_id(IM_END) is not None
         self.special_ids = frozenset(raw.get_added_tokens_decoder())  # <|endoftext|>, <|im_start|>...
-        self._sorted_vocabulary: list[tuple[str, int]] | None = None  # built on the first `heal`
+        self._sorted_texts: list[str] | None = None  # every ordinary token's text, sorted: built on the first `heal`
+        self._sorted_ids: list[int] = []  # their ids, in the same order
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> "Tokenizer":
@@ -295,14 +296,13 @@ class Tokenizer:
         the string is a prefix of the bytes. Sorted strings put all tokens with one
         prefix next to each other: two binary searches find them.
         """
-        if self._sorted_vocabulary is None:
-            ordinary = {text: i for text, i in self.raw.get_vocab(with_added_tokens=False).items()
-                        if i not in self.special_ids}
-            self._sorted_vocabulary = sorted(ordinary.items())
-        texts = [text for text, _ in self._sorted_vocabulary]
-        first = bisect.bisect_left(texts, piece)
-        last = bisect.bisect_left(texts, piece + "\U0010ffff")  # just past every string that extends `piece`
-        return sorted(i for _, i in self._sorted_vocabulary[first:last])
+        if self._sorted_texts is None:  # once per tokenizer: 150,000 strings for Qwen3
+            ordinary = sorted((text, i) for text, i in self.raw.get_vocab(with_added_tokens=False).items()
+                              if i not in self.special_ids)
+            self._sorted_texts, self._sorted_ids = [text for text, _ in ordinary], [i for _, i in ordinary]
+        first = bisect.bisect_left(self._sorted_texts, piece)
+        last = bisect.bisect_left(self._sorted_texts, piece + "\U0010ffff")  # just past every extension of `piece`
+        return sorted(self._sorted_ids[first:last])
 
     def token_to_id(self, token: str) -> int | None:
         """The id of one token written out, or None when the vocabulary lacks it."""
