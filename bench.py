@@ -385,21 +385,27 @@ def degenerate_flags(runs: Sequence[Run]) -> list[bool]:
     return [is_degenerate(run.result.new_ids) for run in runs]
 
 
+def row_degenerate_flags(runs: Sequence[Run], baseline: Sequence[Run], temperature: float) -> list[bool]:
+    """Per prompt, whether a comparison leaves it out: the plain loop's judgement, or either loop's above 0."""
+    plain = degenerate_flags(baseline)
+    if temperature == 0:
+        return plain
+    return [p or f for p, f in zip(plain, degenerate_flags(runs))]
+
+
 def summarize_row(runs: Sequence[Run], baseline: Sequence[Run], temperature: float, block_size: int) -> dict:
     """A DFlash (or oracle) row against the plain loop, over all prompts and over the non-degenerate ones.
 
     Degeneracy is judged on the plain loop's output at temperature 0 (DFlash's is the
-    same); above it, each loop's on its own output, so the two loops' non-degenerate
-    prompts may differ.
+    same); above it, a prompt is left out when either loop's output is degenerate, so
+    that both sides of every speedup cover the same prompts.
     """
-    plain_flags = degenerate_flags(baseline)
-    flags = plain_flags if temperature == 0 else degenerate_flags(runs)
-    subsets = {"all": ([True] * len(runs), [True] * len(baseline)),
-               "non_degenerate": ([not f for f in flags], [not f for f in plain_flags])}
+    flags = row_degenerate_flags(runs, baseline, temperature)
+    subsets = {"all": [True] * len(runs), "non_degenerate": [not f for f in flags]}
     summary = {}
-    for name, (keep, keep_plain) in subsets.items():
+    for name, keep in subsets.items():
         fast = loop_figures([run for run, k in zip(runs, keep) if k], block_size)
-        plain = loop_figures([run for run, k in zip(baseline, keep_plain) if k])
+        plain = loop_figures([run for run, k in zip(baseline, keep) if k])
         summary[name] = {**fast, **versus(fast, plain), "baseline": plain}
     return summary
 
@@ -574,8 +580,7 @@ def require(module: str, extra: str, why: str) -> None:
 
 
 def per_prompt(row: Row, prompts: Sequence[BenchPrompt], oracle: Row | None) -> list[dict]:
-    plain_flags = degenerate_flags(row.baseline)
-    judged = plain_flags if row.temperature == 0 else degenerate_flags(row.runs)
+    judged = row_degenerate_flags(row.runs, row.baseline, row.temperature)
     records = []
     for index, (prompt, run, plain, degenerate) in enumerate(zip(prompts, row.runs, row.baseline, judged)):
         fast, slow = run.result, plain.result
@@ -619,7 +624,7 @@ def build_report(conditions: dict, prompts: Sequence[BenchPrompt], baselines: di
         oracle = oracles.get(row.block_size) if row.kind == "DFlash" and row.temperature == 0 else None
         report["rows"].append({
             "kind": row.kind, "block_size": row.block_size, "temperature": row.temperature,
-            "degeneracy_judged_on": "the plain loop's output" if row.temperature == 0 else "each loop's own output",
+            "degeneracy_judged_on": "the plain loop's output" if row.temperature == 0 else "either loop's output",
             **summarize_row(row.runs, row.baseline, row.temperature, row.block_size),
             "per_prompt": per_prompt(row, prompts, oracle),
         })
