@@ -124,9 +124,10 @@ class TrainConfig:
 
 DEVICE_OPTIONS = ("device", "dtype")
 
-# Options that must not change between a run and its --resume: they shape the result.
-MUST_MATCH_ON_RESUME = ("data", "drafter_layers", "block_size", "num_anchors", "batch_size", "max_seq_len",
-                        "lr", "warmup", "grad_clip", "gamma", "epochs", "steps", "seed")
+# The options a --resume may change: when to stop, what to log and evaluate, where to run. Every other
+# option shapes the result, and the saved run's value must match (`load_resume_state`).
+MAY_CHANGE_ON_RESUME = ("resume", "force", "minutes", "stop_at", "eval_prompts", "eval_every",
+                        "eval_max_new_tokens", "save_every", "save_every_minutes", "log_every", "device")
 
 
 def gamma_for_block_size(block_size: int) -> float:
@@ -361,8 +362,12 @@ def save_checkpoint(out: Path, drafter_config: DrafterConfig, weights: dict, sta
     save_training_state(out / "training_state.pt", {**state, "model": weights})
 
 
-def load_resume_state(out: Path, target: Qwen3Config, cfg: TrainConfig) -> dict:
-    """`training_state.pt`, if it continues this run: the same target, and the options that shape the result."""
+def load_resume_state(out: Path, target: Qwen3Config, cfg: TrainConfig, drafter: DrafterConfig) -> dict:
+    """`training_state.pt`, if it continues this run: the same target, options and drafter shape.
+
+    The drafter's config is compared too: what it is conditioned on (target layers, mask
+    token) can also change through a default or the tokenizer, not only through an option.
+    """
     path = out / "training_state.pt"
     state = load_training_state(path)
     if state["target_config"] != asdict(target):
@@ -370,9 +375,13 @@ def load_resume_state(out: Path, target: Qwen3Config, cfg: TrainConfig) -> dict:
         raise UsageError(f"{path}: trained for another target ({changed}={state['target_config'].get(changed)!r}, "
                          f"this target has {asdict(target)[changed]!r})")
     saved = state["train_config"]
-    for name in MUST_MATCH_ON_RESUME:
-        if saved.get(name) != getattr(cfg, name):
-            raise UsageError(f"--resume: {name} was {saved.get(name)!r}, now {getattr(cfg, name)!r} (keep it the same)")
+    for name, value in asdict(cfg).items():
+        if name not in MAY_CHANGE_ON_RESUME and saved.get(name) != value:
+            raise UsageError(f"--resume: {name} was {saved.get(name)!r}, now {value!r} (keep it the same)")
+    for name, value in drafter.to_dict().items():
+        if state["drafter_config"].get(name) != value:
+            raise UsageError(f"--resume: the drafter's {name} was {state['drafter_config'].get(name)!r}, "
+                             f"now {value!r} (keep it the same)")
     return state
 
 
@@ -459,7 +468,7 @@ class Run:
 
     def resume(self) -> None:
         """Put the run back where its last checkpoint left it: weights, optimiser, schedule, anchors, clock."""
-        state = load_resume_state(self.out, self.target.config, self.cfg)
+        state = load_resume_state(self.out, self.target.config, self.cfg, self.drafter_config)
         if len(state["rng"]) != self.place.world:
             raise UsageError(f"--resume: the run used {len(state['rng'])} process(es), this one {self.place.world} "
                              f"(an exact resume needs the same number)")
@@ -520,7 +529,8 @@ class Run:
         if self.place.main:
             state = {"step": self.step, "elapsed": self.elapsed_before + self.seconds(),
                      "optimizer": optimizer_state, "scheduler": self.scheduler.state_dict(), "rng": rng,
-                     "target_config": asdict(self.target.config), "train_config": asdict(self.cfg)}
+                     "target_config": asdict(self.target.config), "train_config": asdict(self.cfg),
+                     "drafter_config": self.drafter_config.to_dict()}
             save_checkpoint(self.out, self.drafter_config, weights, state)
 
     def evaluate(self) -> float | None:

@@ -551,6 +551,21 @@ def test_resume_with_another_target_is_refused(tmp_path, capsys):
     assert "another target" in one_error_line(capsys, argv)
 
 
+@pytest.mark.parametrize("change, named", [
+    (["--target-layer-ids", "0,2"], "target_layer_ids"),
+    (["--mask-token-id", "7"], "mask_token_id"),
+    (["--tokenizer", str(FIXTURES / "qwen3-tokenizer")], "tokenizer"),
+    (["--head-dim", "8"], "head_dim"),
+])
+def test_resume_refuses_a_change_to_what_the_drafter_is_conditioned_on(tmp_path, capsys, change, named):
+    data = tmp_path / "data.jsonl"
+    write_data(data)
+    assert train.main(train_argv(data, tmp_path / "run", "--stop-at", "1")) == 0
+    capsys.readouterr()
+    assert named in one_error_line(capsys, train_argv(data, tmp_path / "run", "--resume", *change))
+    assert train.main(train_argv(data, tmp_path / "run", "--resume", "--log-every", "2")) == 0  # logging may change
+
+
 @pytest.mark.parametrize("script", ["train.py", "make_data.py"])
 def test_bad_arguments_exit_2_without_traceback(script):
     result = subprocess.run([sys.executable, script, "--bogus"], cwd=ROOT, capture_output=True, text=True)
