@@ -400,13 +400,15 @@ def evaluate_tau(target: Qwen3, drafter: Drafter, prompts: list[list[int]], max_
                  first_token_choices: Sequence[list[int] | None] | None = None) -> tuple[float, float]:
     """Real speculative decoding, greedy: (tokens committed, verification steps) summed over prompts.
 
-    tau = tokens / steps. The drafter runs in the target's dtype, as it would in use;
+    tau = tokens / steps. The drafter runs in the target's dtype, as it would in use
+    (loaded from its checkpoint: RoPE's frequencies stay float32, see `RotaryEmbedding`);
     `first_token_choices[i]` restricts prompt i's first new token (token healing).
     """
     weight = target.embed_tokens.weight
     copy = Drafter(drafter.config).to(device=weight.device)
     copy.load_state_dict(drafter.state_dict())
     copy = copy.to(dtype=weight.dtype).eval()
+    copy.rotary.inv_freq = copy.rotary.inverse_frequencies(weight.device)  # `.to(bf16)` rounded them
     tokens = steps = 0
     for prompt, choices in zip(prompts, first_token_choices or [None] * len(prompts)):
         result = generate_dflash(target, copy, prompt, max_new_tokens, block_size=block_size, stop_ids=stop_ids,

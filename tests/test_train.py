@@ -613,3 +613,22 @@ def test_default_mask_token_is_the_first_id_past_the_tokenizer():
     cfg = train.TrainConfig(drafter_layers=1, block_size=4)
     assert train.build_drafter_config(cfg, target, SixtyTokens()).mask_token_id == 60
     assert train.build_drafter_config(cfg, target, None).mask_token_id == 63  # no tokenizer: the last row
+
+
+def test_the_tau_evaluation_keeps_ropes_frequencies_in_float32(monkeypatch):
+    """A bf16 target: the drafter's copy runs in bf16, but its RoPE frequencies stay exact, as loading keeps them."""
+    target = Qwen3.from_pretrained(TINY, dtype=torch.bfloat16)
+    config = train.build_drafter_config(train.TrainConfig(drafter_layers=1, block_size=4), target.config, None)
+    drafter = Drafter(config)
+    train.init_drafter(drafter, 0)
+    seen = []
+
+    def record_drafter(target, drafter, prompt, max_new_tokens, **options):
+        seen.append(drafter)
+        return generate.Generation([1], [1], 0.0)
+
+    monkeypatch.setattr(train, "generate_dflash", record_drafter)
+    train.evaluate_tau(target, drafter, [[1, 2, 3]], 4, 4, [])
+    rotary = seen[0].rotary
+    assert seen[0].fc.weight.dtype == torch.bfloat16
+    assert rotary.inv_freq.dtype == torch.float32 and torch.equal(rotary.inv_freq, rotary.inverse_frequencies())
