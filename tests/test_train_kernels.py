@@ -184,3 +184,41 @@ def test_training_step_at_qwen3_vocabulary_stays_under_stated_memory(path, limit
         peaks[name] = json.loads(result.stdout.strip().splitlines()[-1])["peak_step_mb"]
     assert peaks[path] < limit_mb, peaks
     assert peaks["dense"] > 4 * peaks[path], peaks
+
+
+BLOCK_MASK_PROBE = """
+import resource, sys, torch
+from dflash.train_kernels import AnchoredBlocks
+batch, count, block, length = 2, 256, 16, 1024  # 4,096 queries over 5,120 keys
+anchors = torch.sort(torch.randint(1, length, (batch, count), generator=torch.Generator().manual_seed(0)))[0]
+pattern = AnchoredBlocks(anchors, length, block)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+pattern.flex_block_mask(count * block, length + count * block, "cpu")
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+"""
+
+
+def test_the_flex_block_mask_never_holds_the_dense_mask():
+    """At batch 2, 4,096 x 5,120 the dense boolean mask is 40 MiB; building the block mask must not pass through it."""
+    result = subprocess.run([sys.executable, "-c", BLOCK_MASK_PROBE], capture_output=True, text=True, cwd=ROOT,
+                            timeout=300, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    growth_mb = float(result.stdout.strip().splitlines()[-1])
+    assert growth_mb < 20, f"peak memory grew by {growth_mb:.0f} MiB"
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+def test_flex_block_mask_over_several_tiles_with_padding_blocks():
+    """320 queries (3 tiles of 128, blocks of 12 straddling tiles) and a row padded with blocks at 0."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    generator = torch.Generator().manual_seed(3)
+    context, block, count = 300, 12, 27
+    rows = [torch.randperm(context - 1, generator=generator)[:count].sort().values + 1,
+            torch.cat([torch.randperm(context - 1, generator=generator)[:20].sort().values + 1,
+                       torch.zeros(count - 20, dtype=torch.long)])]
+    pattern = AnchoredBlocks(torch.stack(rows), context, block)
+    q, k, v = (t.detach() for t in random_qkv(pattern, torch.float32))
+    block_mask = pattern.flex_block_mask(q.shape[2], k.shape[2], "cpu")
+    out = flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
+    torch.testing.assert_close(out, dense_attention(pattern, q, k, v), atol=1e-5, rtol=1e-5)
