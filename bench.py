@@ -58,6 +58,7 @@ import argparse
 import importlib.util
 import json
 import platform
+import re
 import sys
 import time
 from contextlib import contextmanager
@@ -96,6 +97,18 @@ def distinct_ngram_ratio(ids: Sequence[int], n: int = NGRAM) -> float:
 
 def is_degenerate(ids: Sequence[int]) -> bool:
     return distinct_ngram_ratio(ids) < DEGENERATE_BELOW
+
+
+def final_number(text: str) -> str | None:
+    """The last integer in a reply ("... The answer is 42." -> "42"): what an answer check compares."""
+    numbers = re.findall(r"-?\d+", text.replace(",", ""))
+    return numbers[-1] if numbers else None
+
+
+def accuracy(runs: Sequence["Run"]) -> float | None:
+    """The share of correct replies among the runs whose prompt has a known answer (None: none has)."""
+    checked = [run.correct for run in runs if run.correct is not None]
+    return sum(checked) / len(checked) if checked else None
 
 
 def pooled_tau(acceptance_lengths: Sequence[int]) -> float | None:
@@ -161,13 +174,14 @@ class BenchPrompt:
     where: str  # "file:line"
     ids: list[int]
     first_token_choices: list[int] | None = None
+    answer: str | None = None  # the expected final answer, if the prompt file gives one
 
 
 @dataclass
 class Run:
     """One loop on one prompt: the clean pass's result, and the timed pass's with its phase times.
 
-    `phase_seconds` holds the seconds spent in each wrapped runner method during the
+    `phase_seconds` holds the seconds spent in each phase of the runner (`ModelRunner.clock`) during the
     timed pass ("decode" for the plain loop; "draft" and "verify" for DFlash), and
     `phase_calls` how often each ran (once per step).
     """
@@ -176,6 +190,7 @@ class Run:
     timed: Generation
     phase_seconds: dict[str, float] = field(default_factory=dict)
     phase_calls: dict[str, int] = field(default_factory=dict)
+    correct: bool | None = None  # the reply's final number is the prompt's answer (None: no answer known)
 
     @property
     def bookkeeping_seconds(self) -> float:
@@ -184,39 +199,30 @@ class Run:
 
 
 class PhaseClock:
-    """Adds up the seconds spent inside chosen methods of a runner.
+    """Adds up the seconds a runner spends in each phase (`ModelRunner.clock`).
 
     Before each reading of the clock it waits for the GPU (a no-op on CPU), so that
     the time of a pass is the time of its work and not of its launch.
     """
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, phases: Sequence[str]):
         self.device = device
-        self.seconds: dict[str, float] = {}
-        self.calls: dict[str, int] = {}
+        self.seconds = dict.fromkeys(phases, 0.0)  # every phase reported, even one that never ran
+        self.calls = dict.fromkeys(phases, 0)
 
-    def wrap(self, name: str, method: Callable) -> Callable:
-        self.seconds[name], self.calls[name] = 0.0, 0
-
-        def timed(*args, **kwargs):
-            synchronize(self.device)
-            began = time.perf_counter()
-            out = method(*args, **kwargs)
-            synchronize(self.device)
-            self.seconds[name] += time.perf_counter() - began
-            self.calls[name] += 1
-            return out
-
-        return timed
+    @contextmanager
+    def __call__(self, phase: str):
+        synchronize(self.device)
+        began = time.perf_counter()
+        yield
+        synchronize(self.device)
+        self.seconds[phase] += time.perf_counter() - began
+        self.calls[phase] += 1
 
 
 @contextmanager
 def patched(runner: ModelRunner, **methods: Callable):
-    """Replace methods of one runner (as attributes of the instance) for a while, then put back what was there.
-
-    generate.py is not touched: the loops call `runner.draft(...)`, and an instance
-    attribute of that name comes first.
-    """
+    """Replace methods of one runner (as attributes of the instance) for a while, then put back what was there."""
     saved = {name: runner.__dict__.get(name) for name in methods}
     for name, method in methods.items():
         setattr(runner, name, method)
@@ -230,17 +236,14 @@ def patched(runner: ModelRunner, **methods: Callable):
                 setattr(runner, name, old)
 
 
-def measure(loop: Callable[[], Generation], runner: ModelRunner, phases: dict[str, str],
-            device: torch.device) -> Run:
-    """Run `loop` twice: clean (the speed), then with methods of `runner` timed (where the time goes).
-
-    `phases` maps each phase's name to the runner method it times, e.g. the tree's
-    "verify" phase is `verify_tree`.
-    """
+def measure(loop: Callable[[], Generation], runner: ModelRunner, phases: Sequence[str], device: torch.device) -> Run:
+    """Run `loop` twice: clean (the speed), then with the runner's `phases` timed (where the time goes)."""
     result = loop()
-    clock = PhaseClock(device)
-    with patched(runner, **{method: clock.wrap(name, getattr(runner, method)) for name, method in phases.items()}):
+    runner.clock = PhaseClock(device, phases)
+    try:
         timed = loop()
+    finally:
+        clock, runner.clock = runner.clock, None
     return Run(result, timed, clock.seconds, clock.calls)
 
 
@@ -253,8 +256,8 @@ def oracle_draft(runner: ModelRunner, truth: torch.Tensor) -> Callable:
     """
     real_draft = runner.draft
 
-    def draft(context_features: torch.Tensor, last_token: torch.Tensor, start: int) -> torch.Tensor:
-        real_draft(context_features, last_token, start)
+    def draft(context_features: torch.Tensor, last_token: int, start: int, after_prefill: bool) -> torch.Tensor:
+        real_draft(context_features, last_token, start, after_prefill)
         return truth[start + 1:start + runner.block_size]  # (block - 1,): the tokens after `last_token`
 
     return draft
@@ -271,6 +274,7 @@ class Loops:
     seed: int
     max_new_tokens: int
     tree_runners: dict[int, ModelRunner] = field(default_factory=dict)  # one per tree budget
+    decode: Callable[[list[int]], str] | None = None  # token ids -> text, to check replies against answers
 
     @property
     def device(self) -> torch.device:
@@ -304,16 +308,25 @@ class Loops:
                                     runner=self.tree_runners[budget],
                                     **self.options(prompt, temperature, max_new_tokens))
 
+    def checked(self, run: Run, prompt: BenchPrompt) -> Run:
+        """`run`, with whether its reply reaches the prompt's answer (when there is one to check)."""
+        if prompt.answer is not None and self.decode is not None:
+            run.correct = final_number(self.decode(run.result.new_ids)) == prompt.answer
+        return run
+
     def measure_plain(self, prompt: BenchPrompt, temperature: float) -> Run:
-        return measure(lambda: self.plain(prompt, temperature), self.plain_runner, {"decode": "decode"}, self.device)
+        run = measure(lambda: self.plain(prompt, temperature), self.plain_runner, ["decode"], self.device)
+        return self.checked(run, prompt)
 
     def measure_dflash(self, prompt: BenchPrompt, temperature: float, block_size: int) -> Run:
-        return measure(lambda: self.dflash(prompt, temperature, block_size), self.runners[block_size],
-                       {"draft": "draft", "verify": "verify"}, self.device)
+        run = measure(lambda: self.dflash(prompt, temperature, block_size), self.runners[block_size],
+                      ["draft", "verify"], self.device)
+        return self.checked(run, prompt)
 
     def measure_tree(self, prompt: BenchPrompt, temperature: float, budget: int) -> Run:
-        return measure(lambda: self.tree(prompt, temperature, budget), self.tree_runners[budget],
-                       {"draft": "draft_tree", "verify": "verify_tree"}, self.device)
+        run = measure(lambda: self.tree(prompt, temperature, budget), self.tree_runners[budget], ["draft", "verify"],
+                      self.device)
+        return self.checked(run, prompt)
 
     def greedy_truth(self, prompt: BenchPrompt, longest_block: int) -> torch.Tensor:
         """The prompt and its greedy continuation, long enough for the oracle's last block: (n,).
@@ -356,6 +369,7 @@ def loop_figures(runs: Sequence[Run], block_size: int | None = None) -> dict:
         "first_token_ms": 1000 * sum(first) / len(first),
         "time_per_output_token_ms": ratio(1000 * (seconds - sum(first)), tokens - len(runs)),
         "per_step_ms": {name: ratio(1000 * total, timed_steps) for name, total in phases.items()},
+        "accuracy": accuracy(runs),
     }
     if block_size is not None:
         figures["acceptance_histogram"] = acceptance_histogram(lengths, block_size)
@@ -592,6 +606,7 @@ def per_prompt(row: Row, prompts: Sequence[BenchPrompt], oracle: Row | None) -> 
             "baseline_tokens_per_second": slow.tokens_per_second,
             "speedup": ratio(fast.tokens_per_second, slow.tokens_per_second),
             "first_token_ms": 1000 * fast.first_token_seconds, "acceptance_lengths": fast.acceptance_lengths,
+            "correct": run.correct, "baseline_correct": plain.correct,
         }
         if row.temperature == 0:
             record["identical_to_baseline"] = fast.new_ids == slow.new_ids
@@ -617,7 +632,7 @@ def build_report(conditions: dict, prompts: Sequence[BenchPrompt], baselines: di
                             "tokens_per_second": run.result.tokens_per_second,
                             "first_token_ms": 1000 * run.result.first_token_seconds,
                             "distinct_4gram_ratio": distinct_ngram_ratio(run.result.new_ids), "degenerate": flag,
-                            "output_ids": run.result.new_ids}
+                            "correct": run.correct, "output_ids": run.result.new_ids}
                            for index, (prompt, run, flag) in enumerate(zip(prompts, runs, flags))],
         })
     for row in rows:
@@ -684,16 +699,17 @@ def rows_by_temperature(report: dict):
 
 
 def print_summary(report: dict) -> None:
-    keys = ("prompts", "tau", "tokens_per_second", "speedup", "efficiency")
+    keys = ("prompts", "tau", "tokens_per_second", "speedup", "efficiency", "accuracy")
     half = [("prompts", 7, "d"), ("tau", 6, ".2f"), ("tok/s", 8, ".1f"), ("speedup", 8, ".2fx"),
-            ("efficiency", 10, ".2f")]
+            ("efficiency", 10, ".2f"), ("correct", 7, ".0%")]
     columns = [("temp", 4, "g"), ("block", 5, "s"), ("loop", 7, "s")] + half + [("|", 1, "s")] + half
     lines = []
     for baseline, rows in rows_by_temperature(report):
         for name, block, figures in [("plain", "-", baseline)] + [(r["kind"], str(r["block_size"]), r) for r in rows]:
             lines.append([baseline["temperature"], block, name, *(figures["all"].get(key) for key in keys), "|",
                           *(figures["non_degenerate"].get(key) for key in keys)])
-    print(f"\nsummary\n{'':19}{'all prompts':<44}| non-degenerate prompts")
+    print(f"\nsummary (correct: replies whose last number is the prompt's answer)\n{'':19}{'all prompts':<52}"
+          f"| non-degenerate prompts")
     print(table(columns, lines))
 
 
@@ -860,7 +876,7 @@ def run(args) -> int:
     drafter = Drafter.from_pretrained(args.draft, target=target, device=device, dtype=dtype)
     tokenizer = find_tokenizer(args.model)
     prompts = [BenchPrompt(prompt.where, *encode_for_generation(prompt, tokenizer, args.chat, args.thinking,
-                                                                args.token_healing))
+                                                                args.token_healing), prompt.answer)
                for prompt in read_prompts(args.prompts)]
     block_sizes = args.block_sizes or [drafter.config.block_size]
     compile = device.type == "cuda" if args.compile is None else args.compile
@@ -873,8 +889,9 @@ def run(args) -> int:
         raise UsageError(f"--trees takes budgets of at least 1 node, got {args.trees}")
     tree_runners = {n: ModelRunner(target, drafter, max_length=max_length + n + 1, block_size=max(block_sizes),
                                    tree_budget=n, compile=compile, mode=mode) for n in args.trees}
+    decode = (lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer is not None else None
     loops = Loops(target, drafter, runners, stop_token_ids(args.model, tokenizer), args.seed, args.max_new_tokens,
-                  tree_runners)
+                  tree_runners, decode)
     conditions = {
         "machine": machine(), "torch": torch.__version__, "threads": torch.get_num_threads(),
         "device": str(device), "dtype": str(dtype).removeprefix("torch."), "compile": compile, "batch_size": 1,

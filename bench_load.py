@@ -45,7 +45,7 @@ def write_synthetic_checkpoint(folder: Path, config: Qwen3Config, shards: int) -
 
     with torch.device("meta"):
         model = Qwen3(config)
-    shapes = {official: model.get_parameter(ours).shape for official, ours in official_names(config).items()}
+    shapes = {official: model.get_parameter(ours).shape for official, ours in official_names(model).items()}
     order = list(shapes)
     per_shard = -(-len(order) // shards)  # ceiling division
     weight_map, total = {}, 0

@@ -18,9 +18,12 @@ fixed-shape forward passes), the loops, and the command line.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import sys
 import time
+import types
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -30,6 +33,7 @@ import torch
 from dflash.cli import (OneLineErrors, Prompt, UsageError, add_device_options, add_prompt_options, encode_for_generation,
                         find_tokenizer, pick_device, pick_dtype, run_cli, stop_token_ids)
 from dflash.drafter import Drafter
+from dflash.flex_reads import FilledBlocksCache
 from dflash.qwen3 import KVCache, Qwen3
 from dflash.tree import DraftTree, build_tree, path_slots, verify_inputs, walk
 
@@ -170,33 +174,80 @@ def synchronize(device: torch.device) -> None:
 
 # ---------------------------------------------------------------- the model runner
 
+# The forward passes after the prefill, as plain functions of the models, a cache and
+# tensors. Each has a shape that does not depend on where in the sequence it runs (one
+# token, one block, one block of context plus one block, `budget + 1` tree nodes), so
+# compiled, each compiles once per process, for every runner and prompt alike.
+
+
+def decode_pass(target: Qwen3, cache: KVCache, token, position, greedy: bool):
+    hidden, _ = target(token, position, cache)  # (1, 1, hidden)
+    logits = target.logits(hidden[0])  # (1, vocab)
+    return argmax(logits) if greedy else logits  # (1,) or (1, vocab)
+
+
+def verify_pass(target: Qwen3, cache: KVCache, layer_ids, ids, positions, greedy: bool):
+    hidden, features = target(ids, positions, cache, capture_layers=layer_ids)
+    logits = target.logits(hidden[0])  # (block, vocab)
+    return (argmax(logits) if greedy else logits), features  # features: (1, block, n_layers * hidden)
+
+
+def verify_tree_pass(target: Qwen3, cache: KVCache, layer_ids, ids, positions, greedy: bool, slots, tree_mask):
+    hidden, features = target(ids, positions, cache, capture_layers=layer_ids, slots=slots, chunk_mask=tree_mask)
+    logits = target.logits(hidden[0])  # (nodes, vocab)
+    return (argmax(logits) if greedy else logits), features  # features: (1, nodes, n_layers * hidden)
+
+
+def draft_logits(target: Qwen3, drafter: Drafter, cache: KVCache, context_features, context_positions, block_ids,
+                 block_positions):
+    hidden = drafter(context_features, target.embed_tokens(block_ids), context_positions, block_positions, cache=cache)
+    return target.logits(hidden[0, 1:])  # (block - 1, vocab): one distribution per drafted slot
+
+
+def draft_pass(*args):
+    return argmax(draft_logits(*args))  # (block - 1,): the chain drafts greedily
+
+
+def draft_tree_pass(top_k: int, *args):
+    logprobs = torch.log_softmax(draft_logits(*args).float(), dim=-1)  # (block - 1, vocab)
+    best = logprobs.topk(top_k, dim=-1)  # the tree's candidates, likeliest first
+    return best.values, best.indices  # (block - 1, k) each
+
+
+PASSES = {"decode": decode_pass, "verify": verify_pass, "draft": draft_pass,
+          "verify_tree": verify_tree_pass, "draft_tree": draft_tree_pass}
+
+
+@functools.cache
+def compiled_pass(name: str, shape: tuple, backend, mode: str | None):
+    """`PASSES[name]` compiled once per process and runner shape, shared by every runner of that shape.
+
+    Dynamo keeps the graphs of one function together (one per shape, greedy or sampled),
+    up to its recompile limit of 8 per function: a benchmark of several block sizes at
+    several temperatures goes past it. So each shape compiles its own copy of the
+    function (a new code object, the same code), which holds at most two graphs.
+    """
+    function = PASSES[name]
+    copy = types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__)
+    return torch.compile(copy, backend=backend, mode=mode, fullgraph=True, dynamic=False)
+
 
 class ModelRunner:
-    """The caches and the forward passes of both loops, built once and reused across calls.
-
-    After the prefill, every pass has a shape that does not depend on where in the
-    sequence it runs: one token (decode), one block (verify), one block of context plus
-    one block (draft), and for draft trees `tree_budget + 1` nodes (the tree verify,
-    padded to the budget). Positions travel as tensors, so each compiled pass compiles
-    once, whatever the prompt length or the acceptance pattern. Compilation is
-    applied in one place, `__init__`; the caches then read their whole buffer under a
-    position mask (`KVCache.fixed_shape`). Eager passes read only the committed slots.
-    With `flex_attention` the passes after the prefill attend through FlexAttention
-    with a block mask (`FilledBlocks`), which skips the key blocks past the filled
-    part of the buffer, under the same fixed shapes.
+    """The caches, the buffers and the passes of the loops, built once and reused across calls.
 
     The caches' `length` says what is committed. Each pass writes its chunk right
     after it; `prefill`, `decode` and `verify` then extend the target cache over the
     chunk, and the DFlash loop trims the rejected tail off after verification.
-    `verify_tree` commits nothing: `keep_path` moves the accepted path's entries next
-    to the committed ones and extends the cache over them.
+    `verify_tree` commits nothing: `keep_path` moves the accepted path next to the
+    committed entries and extends the cache over them.
 
-    The passes pick tokens themselves (greedy: the argmax inside the pass, so only
-    token ids leave it, not vocabulary-wide logits), and every output the loop keeps
-    past the next pass is copied into a buffer the runner owns. Under CUDA graphs a
-    compiled pass may reuse the memory of the outputs of the previous one, so an output
-    kept as it is (the drafts, read again after verification; the features, read by the
-    next draft) would be overwritten.
+    Compiled, the caches read their whole buffer under a position mask
+    (`KVCache.fixed_shape`), and every output the loop keeps past the next pass is
+    copied into a buffer the runner owns: under CUDA graphs a pass may reuse the
+    memory of the previous one's outputs. With `flex_attention` the caches are read
+    through FlexAttention, visiting only their filled key blocks (`dflash/flex_reads.py`).
+    `clock`, when set, is called as `with clock(phase):` around each step's passes
+    (`bench.py` times the phases so).
     """
 
     def __init__(self, target: Qwen3, drafter: Drafter | None = None, *, max_length: int,
@@ -207,150 +258,115 @@ class ModelRunner:
         self.tree_budget = tree_budget  # drafted nodes per tree (0: chains only)
         # Candidates per slot: a node's r-th child needs r - 1 siblings first, so more than the budget is never used.
         self.tree_top_k = min(tree_top_k or max(tree_budget, 1), target.config.vocab_size)
+        cache_type = FilledBlocksCache if flex_attention else KVCache
         weight = target.embed_tokens.weight
-        self.target_cache = target.new_cache(max_length)
-        self.drafter_cache = drafter.new_cache(max_length) if drafter is not None else None
+        self.target_cache = cache_type.for_layers(target.config, weight, max_length)
+        self.drafter_cache = cache_type.for_layers(drafter.config.layers, weight, max_length) if drafter else None
         self.layer_ids = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
         self.mask_token_id = drafter.config.mask_token_id if drafter is not None else 0
         # Buffers the runner owns, reused every step.
-        self.block_offsets = torch.arange(self.block_size, device=weight.device)
-        self.block_ids = torch.zeros(1, self.block_size, dtype=torch.long, device=weight.device)  # [last, drafts]
-        self.target_tokens = torch.zeros(self.block_size, dtype=torch.long, device=weight.device)
-        self.features = torch.zeros(1, self.block_size, len(self.layer_ids) * target.config.hidden_size,
-                                    dtype=weight.dtype, device=weight.device)  # the last verify's, for the drafter
+        device, width = weight.device, len(self.layer_ids) * target.config.hidden_size
+        self.block_offsets = torch.arange(self.block_size, device=device)
+        self.token_ids = torch.zeros(1, 1, dtype=torch.long, device=device)  # decode's input
+        self.block_ids = torch.zeros(1, self.block_size, dtype=torch.long, device=device)  # [last, drafts]
+        self.target_tokens = torch.zeros(self.block_size, dtype=torch.long, device=device)
+        self.features = torch.zeros(1, self.block_size, width, dtype=weight.dtype, device=device)  # the last verify's
         # The tree's: the drafter's candidates per slot, then the target's token and features at every node.
-        candidates = (self.block_size - 1, self.tree_top_k)
-        self.draft_logprobs = torch.zeros(candidates, dtype=torch.float32, device=weight.device)
-        self.draft_candidates = torch.zeros(candidates, dtype=torch.long, device=weight.device)
-        self.node_offsets = torch.arange(tree_budget + 1, device=weight.device)
-        self.node_tokens = torch.zeros(tree_budget + 1, dtype=torch.long, device=weight.device)
-        self.node_features = torch.zeros(1, tree_budget + 1, self.features.shape[-1], dtype=weight.dtype,
-                                         device=weight.device)
-        for cache in self.caches():  # opt-in until measured on a GPU: read only the filled key blocks
-            cache.flex_reads = flex_attention
-        self.compiled = compile
-        self.decode_pass, self.verify_pass, self.draft_pass = self.decode_forward, self.verify_forward, self.draft_forward
-        self.verify_tree_pass, self.draft_tree_pass = self.verify_tree_forward, self.draft_tree_forward
+        self.draft_logprobs = torch.zeros(self.block_size - 1, self.tree_top_k, device=device)
+        self.draft_candidates = torch.zeros(self.block_size - 1, self.tree_top_k, dtype=torch.long, device=device)
+        self.node_offsets = torch.arange(tree_budget + 1, device=device)
+        self.node_tokens = torch.zeros(tree_budget + 1, dtype=torch.long, device=device)
+        self.node_features = torch.zeros(1, tree_budget + 1, width, dtype=weight.dtype, device=device)
+        self.compiled, self.clock = compile, None
+        self.passes = dict(PASSES)
         if compile:
             for cache in self.caches():
                 cache.fixed_shape = True
                 for buffer in cache.keys + cache.values:  # they never move: CUDA graphs may write into them
                     torch._dynamo.mark_static_address(buffer)
-            fixed = dict(backend=backend, mode=mode, fullgraph=True, dynamic=False)
-            self.decode_pass = torch.compile(self.decode_forward, **fixed)
-            self.verify_pass = torch.compile(self.verify_forward, **fixed)
-            self.draft_pass = torch.compile(self.draft_forward, **fixed)
-            self.verify_tree_pass = torch.compile(self.verify_tree_forward, **fixed)  # compiled on first use only
-            self.draft_tree_pass = torch.compile(self.draft_tree_forward, **fixed)
+            shape = (self.block_size, tree_budget, self.tree_top_k, max_length)  # what the passes' shapes follow
+            self.passes = {name: compiled_pass(name, shape, backend, mode) for name in PASSES}
 
     def caches(self) -> list[KVCache]:
         return [cache for cache in (self.target_cache, self.drafter_cache) if cache is not None]
 
-    # The forward passes. Only tensors vary between calls (and `greedy`, a constant
-    # per run), so each compiles once per mode.
-
-    def decode_forward(self, token: torch.Tensor, position: torch.Tensor, greedy: bool) -> torch.Tensor:
-        logits = self.target(token, position, self.target_cache)[0]  # (1, vocab)
-        return argmax(logits) if greedy else logits  # (1,) or (1, vocab)
-
-    def verify_forward(self, block_ids: torch.Tensor, positions: torch.Tensor, greedy: bool):
-        logits, features = self.target(block_ids, positions, self.target_cache, capture_layers=self.layer_ids)
-        picks = argmax(logits[0]) if greedy else logits[0]  # (block,) or (block, vocab)
-        return picks, features  # features: (1, block, n_layers * hidden)
-
-    def draft_forward(self, context_features, context_positions, block_ids, block_positions) -> torch.Tensor:
-        logits = self.drafter_logits(context_features, context_positions, block_ids, block_positions)
-        return argmax(logits)  # (block - 1,): the chain drafts greedily
-
-    def verify_tree_forward(self, node_ids, positions, slots, tree_mask, greedy: bool):
-        logits, features = self.target(node_ids, positions, self.target_cache, capture_layers=self.layer_ids,
-                                       slots=slots, chunk_mask=tree_mask)
-        picks = argmax(logits[0]) if greedy else logits[0]  # (nodes,) or (nodes, vocab)
-        return picks, features  # features: (1, nodes, n_layers * hidden)
-
-    def draft_tree_forward(self, context_features, context_positions, block_ids, block_positions):
-        logits = self.drafter_logits(context_features, context_positions, block_ids, block_positions)
-        logprobs = torch.log_softmax(logits.float(), dim=-1)  # (block - 1, vocab)
-        best = logprobs.topk(self.tree_top_k, dim=-1)  # the tree's candidates, likeliest first
-        return best.values, best.indices  # (block - 1, k) each
-
-    def drafter_logits(self, context_features, context_positions, block_ids, block_positions) -> torch.Tensor:
-        hidden = self.drafter(context_features, self.target.embed_tokens(block_ids), context_positions,
-                              block_positions, cache=self.drafter_cache)
-        return self.target.logits(hidden[0, 1:])  # (block - 1, vocab): one distribution per drafted slot
+    def timed(self, phase: str):
+        return self.clock(phase) if self.clock is not None else contextlib.nullcontext()
 
     # What the loops call.
 
     def prefill(self, prompt: torch.Tensor, temperature: float, generator: torch.Generator | None,
-                first_token_choices: Sequence[int] | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                first_token_choices: Sequence[int] | None = None) -> tuple[int, torch.Tensor | None]:
         """Run the prompt (1, n) through the target, eagerly (its shape changes with every prompt).
 
-        Returns the first new token (0-d) and, for the drafter, the target's features at
-        every prompt position (1, n, F), or None without a drafter. With
-        `first_token_choices` (token healing), the first token is picked among those only.
+        Returns the first new token and, for the drafter, the target's features at every
+        prompt position (1, n, F), or None without a drafter. With `first_token_choices`
+        (token healing), the first token is picked among those only.
         """
         n = prompt.shape[1]
         for cache in self.caches():
             cache.trim(0)
-        out = self.target(prompt, torch.arange(n, device=prompt.device), self.target_cache,
-                          capture_layers=self.layer_ids, logits_at=slice(n - 1, n))
-        logits, features = out if self.layer_ids else (out, None)
+        hidden, features = self.target(prompt, torch.arange(n, device=prompt.device), self.target_cache,
+                                       capture_layers=self.layer_ids)
         self.target_cache.extend(n)
-        logits = logits[0, -1]  # (vocab,)
+        logits = self.target.logits(hidden[0, -1])  # (vocab,)
         if first_token_choices is not None:
             allowed = torch.full_like(logits, float("-inf"))
             allowed[torch.tensor(list(first_token_choices), device=logits.device)] = 0.0
             logits = logits + allowed  # every other token gets probability 0
-        return sample(logits, temperature, generator), features
+        return sample(logits, temperature, generator).item(), features
 
-    def decode(self, token: torch.Tensor, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
-        """The next token (0-d) after `token` (0-d), which goes right after the committed ones."""
-        position = self.block_offsets[:1] + self.target_cache.length  # (1,)
-        picks = self.decode_pass(token.view(1, 1), position, temperature == 0)
-        self.target_cache.extend(1)
-        return picks[0].clone() if temperature == 0 else sample(picks[0], temperature, generator)
+    def decode(self, token: int, temperature: float, generator: torch.Generator | None) -> int:
+        """The next token after `token`, which goes right after the committed ones."""
+        with self.timed("decode"):
+            self.token_ids[0, 0] = token
+            position = self.block_offsets[:1] + self.target_cache.length  # (1,)
+            picks = self.passes["decode"](self.target, self.target_cache, self.token_ids, position, temperature == 0)
+            self.target_cache.extend(1)
+            return (picks[0] if temperature == 0 else sample(picks[0], temperature, generator)).item()
 
-    def draft(self, context_features: torch.Tensor, last_token: torch.Tensor, start: int) -> torch.Tensor:
-        """Guess the block after `last_token` (at position `start`): (block - 1,) token ids.
+    def draft(self, context_features: torch.Tensor, last_token: int, start: int, after_prefill: bool) -> torch.Tensor:
+        """Guess the block after `last_token` (at position `start`): (block - 1,) token ids, in the runner's buffer.
 
         `context_features` (1, ctx, F) are the target's features for the positions the
-        drafter has not seen, from `drafter_cache.length` on: the prompt's after the
-        prefill, then the previous verify pass's block. Only the first
-        `start - drafter_cache.length` of that block were accepted. Eager passes keep
-        only those; a compiled pass keeps the whole block for a fixed shape, and the
-        block it drafts overwrites the rejected tail, so that nothing reads it.
+        drafter has not seen: the prompt's right after the prefill (`after_prefill`: any
+        length, so that pass runs eagerly), later the last verify's block, of which only
+        `start - drafter_cache.length` positions were accepted. Eager passes keep only
+        those; a compiled pass keeps the whole block for a fixed shape, and the block it
+        drafts overwrites the rejected tail, so that nothing reads it.
         """
-        self.block_ids[0, 1:] = self.run_drafter(context_features, last_token, start, tree=False)
-        return self.block_ids[0, 1:]  # (block - 1,): the drafts, in the runner's own buffer
+        with self.timed("draft"):
+            self.block_ids[0, 1:] = self.run_drafter("draft", context_features, last_token, start, after_prefill)
+            return self.block_ids[0, 1:]
 
-    def draft_tree(self, context_features: torch.Tensor, last_token: int, start: int):
+    def draft_tree(self, context_features: torch.Tensor, last_token: int, start: int, after_prefill: bool):
         """The drafter's `tree_top_k` likeliest tokens at each slot of the block after `last_token`.
 
-        The same pass as `draft`, over the same context (after `keep_path`, the
-        accepted path's features come first, as a chain's accepted block does).
-        Returns log-probabilities and token ids, (block - 1, k) each, likeliest first,
-        in the runner's buffers: slot d's are the candidates for depth d of the tree.
+        The same pass as `draft`, over the same context (after `keep_path`, the accepted
+        path's features come first, as a chain's accepted block does). Returns
+        log-probabilities and token ids, (block - 1, k) each, likeliest first, in the
+        runner's buffers: slot d's are the candidates for depth d of the tree.
         """
-        logprobs, candidates = self.run_drafter(context_features, last_token, start, tree=True)
-        self.draft_logprobs.copy_(logprobs)
-        self.draft_candidates.copy_(candidates)
-        return self.draft_logprobs, self.draft_candidates
+        with self.timed("draft"):
+            logprobs, candidates = self.run_drafter("draft_tree", context_features, last_token, start, after_prefill)
+            self.draft_logprobs.copy_(logprobs)
+            self.draft_candidates.copy_(candidates)
+            return self.draft_logprobs, self.draft_candidates
 
-    def run_drafter(self, context_features: torch.Tensor, last_token: torch.Tensor | int, start: int, tree: bool):
+    def run_drafter(self, name: str, context_features, last_token: int, start: int, after_prefill: bool):
         """Feed the drafter its new context and the block [last_token, MASK, ...]; commit the context it keeps."""
         committed = start - self.drafter_cache.length  # context positions accepted since the last draft
-        fixed = self.compiled and context_features.shape[1] == self.block_size
+        fixed = self.compiled and not after_prefill
         if not fixed:
             context_features = context_features[:, :committed]
         context_positions = self.drafter_cache.length + torch.arange(context_features.shape[1],
                                                                      device=self.block_ids.device)
         self.block_ids[0, 0] = last_token
         self.block_ids[0, 1:] = self.mask_token_id
-        block_positions = self.block_offsets + start
-        compiled, eager = ((self.draft_tree_pass, self.draft_tree_forward) if tree
-                           else (self.draft_pass, self.draft_forward))
-        run = compiled if fixed else eager  # the prompt's context: any length, eager
-        drafted = run(context_features, context_positions, self.block_ids, block_positions)
+        run = self.passes[name] if fixed else PASSES[name]  # the prompt's context: any length, eager
+        models = (self.target, self.drafter, self.drafter_cache)
+        args = (*models, context_features, context_positions, self.block_ids, self.block_offsets + start)
+        drafted = run(self.tree_top_k, *args) if name == "draft_tree" else run(*args)
         self.drafter_cache.extend(committed)  # the context is kept; the block's slots were scratch
         return drafted
 
@@ -361,29 +377,32 @@ class ModelRunner:
         all of it: the loop trims the rejected tail once it knows how much was accepted.
         Both results live in the runner's buffers until the next verify.
         """
-        self.block_ids[0, 1:] = drafts
-        positions = self.block_offsets + self.target_cache.length  # (block,)
-        picks, features = self.verify_pass(self.block_ids, positions, temperature == 0)
-        self.target_cache.extend(self.block_size)
-        self.target_tokens.copy_(picks if temperature == 0 else sample(picks, temperature, generator))
-        self.features.copy_(features)
-        return self.target_tokens, self.features
+        with self.timed("verify"):
+            self.block_ids[0, 1:] = drafts
+            positions = self.block_offsets + self.target_cache.length  # (block,)
+            picks, features = self.passes["verify"](self.target, self.target_cache, self.layer_ids, self.block_ids,
+                                                    positions, temperature == 0)
+            self.target_cache.extend(self.block_size)
+            self.target_tokens.copy_(picks if temperature == 0 else sample(picks, temperature, generator))
+            self.features.copy_(features)
+            return self.target_tokens, self.features
 
     def verify_tree(self, tree: DraftTree, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
         """The target's token after each node of `tree` (budget + 1,), padding nodes included.
 
         Node i goes to cache slot start + i at position start + depth(i), and sees the
         committed tokens, its ancestors and itself (`verify_inputs`). Nothing is
-        committed yet: `keep_path` does it once the walk has chosen the path. The
-        tokens, and the features `keep_path` reads, live in the runner's buffers.
+        committed yet: `keep_path` does it once the walk has chosen the path.
         """
-        tokens, depths, tree_mask = (t.to(self.node_offsets.device) for t in verify_inputs(tree, self.tree_budget))
-        start = self.target_cache.length
-        picks, features = self.verify_tree_pass(tokens[None], depths + start, self.node_offsets + start, tree_mask,
-                                                temperature == 0)
-        self.node_tokens.copy_(picks if temperature == 0 else sample(picks, temperature, generator))
-        self.node_features.copy_(features)
-        return self.node_tokens
+        with self.timed("verify"):
+            tokens, depths, tree_mask = (t.to(self.node_offsets.device) for t in verify_inputs(tree, self.tree_budget))
+            start = self.target_cache.length
+            picks, features = self.passes["verify_tree"](self.target, self.target_cache, self.layer_ids,
+                                                         tokens[None], depths + start, temperature == 0,
+                                                         self.node_offsets + start, tree_mask)
+            self.node_tokens.copy_(picks if temperature == 0 else sample(picks, temperature, generator))
+            self.node_features.copy_(features)
+            return self.node_tokens
 
     def keep_path(self, path: list[int]) -> torch.Tensor:
         """Commit the accepted `path` (node indices, root first) of the last tree verify.
@@ -393,8 +412,7 @@ class ModelRunner:
         its features move to the front of the features buffer, where the next draft
         reads its context (1, block, F), as after a chain's verify.
         """
-        start = self.target_cache.length
-        device = self.node_offsets.device
+        start, device = self.target_cache.length, self.node_offsets.device
         self.target_cache.compact(torch.tensor(path_slots(path, start), device=device), start)
         self.target_cache.extend(len(path))
         self.features[:, :len(path)] = self.node_features[:, torch.tensor(path, device=device)]  # (1, path, F)
@@ -456,11 +474,11 @@ def generate_autoregressive(target: Qwen3, prompt_ids: Sequence[int], max_new_to
     output = Output(max_new_tokens, stop_ids, on_token, device)
     output.start_clock()
     prompt = torch.tensor([list(prompt_ids)], device=device)  # (1, n)
-    token, _ = runner.prefill(prompt, temperature, generator, first_token_choices)  # (): the first new token
-    output.commit([token.item()], [False])
+    token, _ = runner.prefill(prompt, temperature, generator, first_token_choices)  # the first new token
+    output.commit([token], [False])
     while not output.done:
-        token = runner.decode(token, temperature, generator)
-        output.commit([token.item()], [False])  # the one host sync of the step
+        token = runner.decode(token, temperature, generator)  # the one host sync of the step
+        output.commit([token], [False])
     return output.finish([1] * (len(output.ids) - 1))
 
 
@@ -486,18 +504,18 @@ def generate_dflash(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int], 
     output = Output(max_new_tokens, stop_ids, on_token, device)
     output.start_clock()
     prompt = torch.tensor([list(prompt_ids)], device=device)  # (1, n)
-    last, context = runner.prefill(prompt, temperature, generator, first_token_choices)  # (), (1, n, F)
-    output.commit([last.item()], [False])  # `last` is committed, but not yet in the target's cache
+    last, context = runner.prefill(prompt, temperature, generator, first_token_choices)  # int, (1, n, F)
+    output.commit([last], [False])  # `last` is committed, but not yet in the target's cache
     start, acceptance_lengths = len(prompt_ids), []  # start: the position of `last`
     while not output.done:
-        drafts = runner.draft(context, last, start)  # (block - 1,): the drafter's guesses after `last`
+        drafts = runner.draft(context, last, start, after_prefill=not acceptance_lengths)  # (block - 1,)
         target_tokens, context = runner.verify(drafts, temperature, generator)  # (block,), (1, block, F)
         both = torch.cat([drafts, target_tokens]).tolist()  # the one host sync of the step
         guessed, wanted = both[:block_size - 1], both[block_size - 1:]
         accepted = next((k for k, (g, w) in enumerate(zip(guessed, wanted)) if g != w), block_size - 1)
         output.commit(wanted[:accepted + 1], [True] * accepted + [False])  # accepted drafts == the target's
         acceptance_lengths.append(accepted + 1)
-        last = target_tokens[accepted]  # the target's own token after them: the bonus, next block's first
+        last = wanted[accepted]  # the target's own token after them: the bonus, next block's first
         start += accepted + 1
         runner.target_cache.trim(start)  # O(1): keep the block up to the new `last`, forget the rest
     return output.finish(acceptance_lengths)
@@ -529,12 +547,11 @@ def generate_dflash_tree(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[i
     output = Output(max_new_tokens, stop_ids, on_token, device)
     output.start_clock()
     prompt = torch.tensor([list(prompt_ids)], device=device)  # (1, n)
-    first, context = runner.prefill(prompt, temperature, generator, first_token_choices)  # (), (1, n, F)
-    last = first.item()  # committed, but not yet in the target's cache: the root of the first tree
-    output.commit([last], [False])
+    last, context = runner.prefill(prompt, temperature, generator, first_token_choices)  # int, (1, n, F)
+    output.commit([last], [False])  # committed, but not yet in the target's cache: the root of the first tree
     start, acceptance_lengths = len(prompt_ids), []  # start: the position of `last`
     while not output.done:
-        logprobs, candidates = runner.draft_tree(context, last, start)  # (block - 1, k) each: per slot, best first
+        logprobs, candidates = runner.draft_tree(context, last, start, after_prefill=not acceptance_lengths)
         tree = build_tree(last, logprobs.tolist(), candidates.tolist(), budget)  # host sync 1: the tree is host-side
         target_tokens = runner.verify_tree(tree, temperature, generator).tolist()  # host sync 2: (budget + 1,)
         path = walk(tree, target_tokens)  # the accepted nodes, root first
@@ -551,10 +568,11 @@ def generate_dflash_tree(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[i
 
 EXAMPLES = """\
 examples:
-  python generate.py --prompt "def fibonacci(n):"
-  python generate.py --prompt "def fibonacci(n):" --compare
-  python generate.py --prompt "def fibonacci(n):" --compare --tree 32
-  python generate.py --prompt "Explain KV caches." --chat --temperature 0.7 --seed 0
+  python generate.py --prompt "Mia has 14 apples. She buys 9 more. How many apples does she have now?"
+  python generate.py --prompt "A baker makes 6 trays of 12 muffins and sells 20. How many are left?" --compare
+  python generate.py --prompt "Leo buys 3 pens at 4 dollars each and pays with 20 dollars. How much change does he get?" --tree 32
+  python generate.py --prompt "Tom has 7 cards. Ana has twice as many. How many do they have?" --temperature 0.7
+  python generate.py --model weights/Qwen3-8B --draft weights/Qwen3-8B-DFlash-b16 --prompt "Explain KV caches."
   python generate.py --prompt-ids 1,2,3 --model tests/fixtures/qwen3-tiny-sharded \\
       --draft tests/fixtures/dflash-tiny --json
 

@@ -101,8 +101,8 @@ def generate_batch(target: Qwen3, prompts: list[list[int]], max_new_tokens: int,
         ids[row, pad:] = torch.tensor(prompt, device=device)
         key_padding[row, :pad] = False
     cache = target.new_cache(total, batch)
-    last = slice(longest - 1, longest)
-    logits = target(ids, cache=cache, key_padding=key_padding, logits_at=last)[:, -1]  # (batch, vocab)
+    hidden, _ = target(ids, cache=cache, key_padding=key_padding)  # (batch, longest, hidden)
+    logits = target.logits(hidden[:, -1])  # (batch, vocab)
     cache.extend(longest)  # the prompts are committed
     if first_token_choices is not None:
         logits = restrict_first_tokens(logits, first_token_choices)  # the first step only
@@ -116,8 +116,9 @@ def generate_batch(target: Qwen3, prompts: list[list[int]], max_new_tokens: int,
                 finished[row] = token in stop_ids
         if all(finished) or position == total - 1:
             break
-        logits = target(tokens[:, None], positions=torch.tensor([position], device=device), cache=cache,
-                        key_padding=key_padding)[:, -1]  # (batch, 1, vocab) -> (batch, vocab)
+        hidden, _ = target(tokens[:, None], positions=torch.tensor([position], device=device), cache=cache,
+                           key_padding=key_padding)  # (batch, 1, hidden)
+        logits = target.logits(hidden[:, -1])  # (batch, vocab)
         cache.extend(1)
     return answers
 

@@ -262,12 +262,16 @@ def drafter_loss(target: Qwen3, drafter: nn.Module, input_ids: torch.Tensor, los
     """
     block_size = config.block_size
     with torch.no_grad():  # the frozen target: its features are an input, not part of the graph
-        features = target(input_ids, capture_layers=config.target_layer_ids, logits_at="none")
+        _, features = target(input_ids, capture_layers=config.target_layer_ids,
+                             last_layer=max(config.target_layer_ids))  # no layer past the last one read
         block_embeddings = target.embed_tokens(block_input_ids(input_ids, anchors, block_size, config.mask_token_id))
     context_positions = torch.arange(input_ids.shape[1], device=input_ids.device)  # (S,)
     pattern = AnchoredBlocks(anchors, input_ids.shape[1], block_size)
-    mask = pattern.dense_mask() if dense_attention else pattern
-    hidden = drafter(features, block_embeddings, context_positions, block_positions(anchors, block_size), mask)
+    positions = block_positions(anchors, block_size)
+    if dense_attention:
+        hidden = drafter(features, block_embeddings, context_positions, positions, mask=pattern.dense_mask())
+    else:
+        hidden = drafter(features, block_embeddings, context_positions, positions, pattern=pattern)
     labels = block_labels(input_ids, loss_mask, anchors, real, block_size)  # (batch, K*B)
     scored = labels != IGNORE
     slots = (torch.arange(labels.shape[1], device=labels.device) % block_size).expand_as(labels)[scored]  # (N,)

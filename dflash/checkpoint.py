@@ -151,6 +151,28 @@ def load_into(model: nn.Module, folder: Path, name_map: dict[str, str], device, 
                 assign_parameter(model, name_map[name], tensor)
 
 
+def checkpoint_folder(path, what: str) -> Path:
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: not a {what} folder")
+    return path
+
+
+def load_pretrained(cls, config, folder: Path, names: Callable[[nn.Module], dict[str, str]] | None, device,
+                    dtype: torch.dtype, skip: frozenset[str] = frozenset()):
+    """Build `cls(config)` on the `meta` device (no memory yet), fill it from `folder`, ready for inference.
+
+    `names(model)` maps the checkpoint's tensor names to the model's; None: the same names.
+    RoPE's frequencies are not stored: they are recomputed in float32 on `device`.
+    """
+    with torch.device("meta"):
+        model = cls(config)
+    name_map = names(model) if names is not None else {name: name for name, _ in model.named_parameters()}
+    load_into(model, folder, name_map, device, dtype, skip)
+    model.rotary.inv_freq = model.rotary.inverse_frequencies(device)
+    return model.eval()
+
+
 def assign_parameter(model: nn.Module, name: str, tensor: torch.Tensor) -> None:
     """Replace a (meta) parameter by a real, frozen one: no copy into preallocated memory."""
     owner_name, _, leaf = name.rpartition(".")
@@ -161,14 +183,18 @@ def assign_parameter(model: nn.Module, name: str, tensor: torch.Tensor) -> None:
 # ---------------------------------------------------------------------------- writing
 
 
-def save(folder, model: nn.Module, name_map: dict[str, str], config: dict, dtype: torch.dtype | None = None) -> None:
+def save(folder, model: nn.Module, name_map: dict[str, str] | None, config: dict,
+         dtype: torch.dtype | None = None) -> None:
     """Write `config.json` + `model.safetensors` into `folder`, each via a temp file and a rename.
 
     A crash mid-write leaves the previous files intact instead of half a checkpoint.
-    `config.json` records the dtype the tensors were stored in.
+    `config.json` records the dtype the tensors were stored in. `name_map` None: the
+    model's own parameter names.
     """
     from safetensors.torch import save_file
 
+    if name_map is None:
+        name_map = {name: name for name, _ in model.named_parameters()}
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {}

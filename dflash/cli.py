@@ -132,7 +132,8 @@ prompt files are JSONL, one prompt per line, as any of:
   {"prompt": "text"} or {"text": "text"}              raw text
   {"messages": [{"role": "user", "content": "..."}]}  a conversation, rendered by the chat template
   {"prompt_ids": [1, 2, 3]}                           token ids (no tokenizer needed)
-(a .txt file is read as one raw-text prompt per line)"""
+an object may also give "answer": the expected final answer (the last number of a
+correct reply), which bench.py checks; a .txt file is read as one raw-text prompt per line"""
 
 
 @dataclass
@@ -143,6 +144,7 @@ class Prompt:
     text: str | None = None
     messages: list[dict] | None = None
     ids: list[int] | None = None
+    answer: str | None = None  # the expected final answer, when the file gives one (benchmarks check it)
 
 
 def numbered_lines(path: Path, what: str) -> Iterator[tuple[str, str]]:
@@ -172,6 +174,13 @@ def parse_prompt(record, where: str) -> Prompt:
         record = {"text": record}
     if not isinstance(record, dict):
         raise UsageError(f"{where}: expected a JSON string or object, got {type(record).__name__}")
+    prompt = parse_prompt_body(record, where)
+    if record.get("answer") is not None:
+        prompt.answer = str(record["answer"])
+    return prompt
+
+
+def parse_prompt_body(record: dict, where: str) -> Prompt:
     if "prompt_ids" in record:
         ids = record["prompt_ids"]
         if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):

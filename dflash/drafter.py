@@ -20,7 +20,6 @@ and `dflash_config`), so drafters trained here load in their code and vice versa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 import torch.utils.checkpoint
@@ -28,8 +27,7 @@ from torch import nn
 
 from dflash import checkpoint
 from dflash.checkpoint import CheckpointError
-from dflash.qwen3 import (ATTENTION_BIASES, LAYER_TENSORS, DecoderLayer, FilledBlocks, KVCache, Qwen3, Qwen3Config,
-                          RMSNorm, RotaryEmbedding)
+from dflash.qwen3 import DecoderLayer, KVCache, Qwen3, Qwen3Config, RMSNorm, RotaryEmbedding, attend
 
 
 def default_target_layer_ids(num_target_layers: int, num_drafter_layers: int) -> list[int]:
@@ -77,7 +75,8 @@ class DrafterConfig:
 class DrafterLayer(DecoderLayer):
     """A Qwen3 decoder layer whose attention also reads the target's context (KV injection)."""
 
-    def forward(self, block, context, block_rope, context_rope, mask, cache, layer, context_slots, block_slots):
+    def forward(self, block, context, block_rope, context_rope, mask, cache, layer, context_slots, block_slots,
+                num_keys, pattern):
         attn = self.self_attn
         normed = self.input_layernorm(block)  # the context is not normed again: hidden_norm did that
         q = attn.queries(normed, *block_rope)  # (batch, heads, block, head_dim): queries from the block only
@@ -86,10 +85,12 @@ class DrafterLayer(DecoderLayer):
         if cache is None:
             k = torch.cat([k_context, k_block], dim=2)  # (batch, kv_heads, context + block, head_dim)
             v = torch.cat([v_context, v_block], dim=2)  # (batch, kv_heads, context + block, head_dim)
+            heads = pattern.attend(q, k, v) if pattern is not None else attend(q, k, v, mask)
         else:  # the new context joins the cached one, then the block is written right after it
             cache.write(layer, context_slots, k_context, v_context, 0)
-            k, v = cache.write(layer, block_slots, k_block, v_block, mask.shape[-1])
-        block = block + attn.attend(q, k, v, mask)
+            k, v = cache.write(layer, block_slots, k_block, v_block, num_keys)
+            heads = cache.attend(q, k, v, mask)
+        block = block + attn.output(heads)  # heads: (batch, heads, block, head_dim)
         return block + self.mlp(self.post_attention_layernorm(block))
 
 
@@ -116,6 +117,7 @@ class Drafter(nn.Module):
         block_positions: torch.Tensor,
         mask: torch.Tensor | None = None,
         cache: KVCache | None = None,
+        pattern=None,
     ) -> torch.Tensor:
         """Denoise a block; return the drafter's final hidden states (batch, block, hidden).
 
@@ -129,29 +131,31 @@ class Drafter(nn.Module):
           the cache by the context it keeps; the block's slots are scratch.
         - `mask`: True where a block query may look; default: everything (no cache) or
           every slot up to the block's last position (with `cache`).
+        - `pattern` (training, no cache): an attention pattern that computes the
+          attention itself and skips what it hides (`dflash.train_kernels.AnchoredBlocks`).
         """
         context = self.hidden_norm(self.fc(target_features))  # (batch, ctx, hidden), once per step
-        if cache is not None and mask is None:
+        num_keys = None
+        if cache is not None:
             num_keys = cache.keys_to_read(context.shape[1] + block_embeddings.shape[1])
-            key_slots = torch.arange(num_keys, device=block_positions.device)
-            mask = (key_slots <= block_positions[-1])[None, :]  # (1, keys): the context and the whole block
-        if FilledBlocks.used_for(cache, block_embeddings.shape[1]):
-            mask = FilledBlocks(mask)
+            if mask is None:
+                key_slots = torch.arange(num_keys, device=block_positions.device)
+                mask = (key_slots <= block_positions[-1])[None, :]  # (1, keys): the context and the whole block
+            mask = cache.prepare(mask, block_embeddings.shape[1])
         dtype = block_embeddings.dtype
         block_rope, context_rope = self.rotary(block_positions, dtype), self.rotary(context_positions, dtype)
         x = block_embeddings
         recompute = self.recompute_layers and torch.is_grad_enabled()
         for index, layer in enumerate(self.layers):
-            inputs = (x, context, block_rope, context_rope, mask, cache, index, context_positions, block_positions)
+            inputs = (x, context, block_rope, context_rope, mask, cache, index, context_positions, block_positions,
+                      num_keys, pattern)
             x = torch.utils.checkpoint.checkpoint(layer, *inputs, use_reentrant=False) if recompute \
                 else layer(*inputs)
         return self.norm(x)
 
     def new_cache(self, max_length: int, batch: int = 1) -> KVCache:
         """A cache of the injected context's keys and values (the block's are overwritten each step)."""
-        c, weight = self.config.layers, self.fc.weight
-        return KVCache(c.num_hidden_layers, batch, c.num_key_value_heads, max_length, c.head_dim,
-                       device=weight.device, dtype=weight.dtype)
+        return KVCache.for_layers(self.config.layers, self.fc.weight, max_length, batch)
 
     # ------------------------------------------------------------ loading and saving
 
@@ -159,35 +163,15 @@ class Drafter(nn.Module):
     def from_pretrained(cls, path, target: Qwen3 | None = None, device="cpu",
                         dtype: torch.dtype = torch.float32) -> "Drafter":
         """Load a drafter in the authors' layout; with `target`, check first that it fits."""
-        path = Path(path)
-        if not path.is_dir():
-            raise CheckpointError(f"{path}: not a drafter checkpoint folder")
+        path = checkpoint.checkpoint_folder(path, "drafter checkpoint")
         config = DrafterConfig.from_dict(checkpoint.read_json(path / "config.json"), str(path / "config.json"))
         if target is not None:
             check_fits(config, target.config, str(path))
-        with torch.device("meta"):
-            drafter = cls(config)
-        checkpoint.load_into(drafter, path, released_names(config), device, dtype)
-        drafter.rotary.inv_freq = drafter.rotary.inverse_frequencies(device)
-        return drafter.eval()
+        return checkpoint.load_pretrained(cls, config, path, None, device, dtype)  # the released names are ours
 
     def save_pretrained(self, path, dtype: torch.dtype | None = None) -> None:
         """Write the authors' layout (`config.json` + `model.safetensors`), atomically."""
-        checkpoint.save(path, self, released_names(self.config), self.config.to_dict(), dtype)
-
-
-def released_names(config: DrafterConfig) -> dict[str, str]:
-    """The released drafters' tensor names -> ours: the same names, with no `model.` prefix."""
-    names = {
-        "fc.weight": "fc.weight",  # (hidden, n_target_layers * hidden): fuses the target's features
-        "hidden_norm.weight": "hidden_norm.weight",  # (hidden,): norms the fused context
-        "norm.weight": "norm.weight",  # (hidden,): the final norm before the target's LM head
-    }
-    per_layer = LAYER_TENSORS + (ATTENTION_BIASES if config.layers.attention_bias else [])
-    for i in range(config.layers.num_hidden_layers):
-        for tensor in per_layer:
-            names[f"layers.{i}.{tensor}"] = f"layers.{i}.{tensor}"
-    return names
+        checkpoint.save(path, self, None, self.config.to_dict(), dtype)
 
 
 def check_fits(drafter: DrafterConfig, target: Qwen3Config, source: str = "drafter") -> None:

@@ -2,10 +2,10 @@
 
 This file computes exactly what the official Qwen3 implementation computes. Reading
 order: the config, the four building blocks (RMSNorm, RoPE, attention, MLP), the
-decoder layer, the static KV cache, the model, and the table of official tensor
-names it loads through. Reading and writing the official checkpoint layout
-(safetensors and `config.json`) is `dflash/checkpoint.py`'s job; the DFlash
-drafter (`dflash/drafter.py`) reuses the building blocks and the cache.
+decoder layer, the static KV cache and its masks, the model, and the table of
+official tensor names it loads through. Reading and writing the official checkpoint
+layout is `dflash/checkpoint.py`'s job; the DFlash drafter (`dflash/drafter.py`)
+reuses the building blocks and the cache.
 """
 
 from __future__ import annotations
@@ -106,11 +106,8 @@ class RotaryEmbedding(nn.Module):
     """RoPE angles for absolute positions: cos/sin of `position * inv_freq`, computed on the fly.
 
     Computing them per call (a (seq, head_dim) outer product) needs no table sized for
-    the longest sequence. The inverse frequencies are always float32, whatever dtype
-    the weights are stored or computed in: that is what the official code does when
-    it loads a checkpoint (checked with transformers 4.57.1 on a bf16 checkpoint,
-    loaded in float32 and in bfloat16). Only a model cast with `.to(bfloat16)` in
-    memory rounds them, which `round_frequencies` reproduces for fixtures made so.
+    the longest sequence. The inverse frequencies stay float32 whatever dtype the
+    weights are in, as the official code keeps them when it loads a checkpoint.
     """
 
     def __init__(self, head_dim: int, theta: float):
@@ -121,10 +118,6 @@ class RotaryEmbedding(nn.Module):
     def inverse_frequencies(self, device=None) -> torch.Tensor:
         exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device) / self.head_dim
         return 1.0 / (self.theta**exponents)  # (head_dim/2,)
-
-    def round_frequencies(self, dtype: torch.dtype) -> None:
-        """Round inv_freq through `dtype`, as an in-memory `.to(dtype)` of the official model does."""
-        self.inv_freq = self.inv_freq.to(dtype).float()
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         angles = positions.float()[..., None] * self.inv_freq  # (..., seq, head_dim/2)
@@ -141,10 +134,21 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated_half * sin  # x: (batch, heads, seq, head_dim), cos/sin broadcast over heads
 
 
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """Softmax attention of q (batch, heads, seq, d) over k, v (batch, kv_heads, keys, d) -> (batch, heads, seq, d).
+
+    `mask` (..., seq or 1, keys) is True where a query may look. Query head h reads
+    key/value head h // (heads // kv_heads): SDPA's `enable_gqa` does that without
+    copying keys and values, and on this project's CPU it was the fastest of the three
+    ways measured (against stacking the query groups, or repeating the keys).
+    """
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
 class Attention(nn.Module):
     """Grouped-query attention with Qwen3's per-head RMSNorm on queries and keys.
 
-    Split into `queries`, `keys_values` and `attend` so that the DFlash drafter can
+    Split into `queries`, `keys_values` and `output` so that the DFlash drafter can
     project keys and values from the target's context features with the very same
     weights it uses for its own block.
     """
@@ -173,38 +177,18 @@ class Attention(nn.Module):
         v = self.split_heads(self.v_proj(x), self.num_kv_heads)  # (batch, kv_heads, seq, head_dim)
         return apply_rope(self.k_norm(k), cos, sin), v
 
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Softmax attention of q over (k, v); `mask` (..., seq or 1, keys) is True where a query may look.
+    def output(self, heads: torch.Tensor) -> torch.Tensor:
+        """Merge the heads (batch, heads, seq, head_dim) and project back to (batch, seq, hidden)."""
+        batch, _, seq, _ = heads.shape
+        return self.o_proj(heads.transpose(1, 2).reshape(batch, seq, -1))  # (batch, seq, heads * head_dim) -> hidden
 
-        Query head h reads key/value head h // groups. Rather than copying every key
-        and value `groups` times (the whole cache, in every layer, every step), the
-        groups of query heads that share a key/value head are stacked along the query
-        axis: one key/value head then serves `groups * seq` query rows. Only the
-        queries (a few rows) are rearranged; keys and values are read in place.
-
-        `mask` may also be a pattern object with its own `attend(q, k, v)`, which
-        computes the attention itself and skips what it masks (the drafter's training
-        blocks, `dflash.train_kernels.AnchoredBlocks`).
-        """
-        batch, heads, seq, head_dim = q.shape
-        if hasattr(mask, "attend"):
-            out = mask.attend(q, k, v)  # (batch, heads, seq, head_dim)
-            return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))  # (batch, seq, heads * head_dim) -> hidden
-        groups = heads // self.num_kv_heads
-        q = q.reshape(batch, self.num_kv_heads, groups * seq, head_dim)  # (batch, kv_heads, groups * seq, head_dim)
-        if mask is not None and mask.shape[-2] == seq and groups > 1:
-            repeats = (1,) * (mask.dim() - 2) + (groups, 1)
-            mask = mask.repeat(repeats)  # (..., groups * seq, keys): the same rows for every query head of a group
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # (batch, kv_heads, groups * seq, head_dim)
-        out = out.reshape(batch, heads, seq, head_dim)  # unstack the groups: (batch, heads, seq, head_dim)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))  # (batch, seq, heads * head_dim) -> hidden
-
-    def forward(self, x, cos, sin, mask, cache: "KVCache | None", layer: int, slots: torch.Tensor):
+    def forward(self, x, cos, sin, mask, cache: "KVCache | None", layer: int, slots: torch.Tensor, num_keys: int):
         q = self.queries(x, cos, sin)
         k, v = self.keys_values(x, cos, sin)
-        if cache is not None:  # store this chunk at its slots, then attend over what the cache lets us read
-            k, v = cache.write(layer, slots, k, v, mask.shape[-1])
-        return self.attend(q, k, v, mask)
+        if cache is None:
+            return self.output(attend(q, k, v, mask))
+        k, v = cache.write(layer, slots, k, v, num_keys)  # store this chunk, read the first num_keys slots
+        return self.output(cache.attend(q, k, v, mask))
 
 
 class MLP(nn.Module):
@@ -230,8 +214,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x, cos, sin, mask, cache, layer, slots):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer, slots)
+    def forward(self, x, cos, sin, mask, cache, layer, slots, num_keys):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer, slots, num_keys)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -241,23 +225,18 @@ class DecoderLayer(nn.Module):
 class KVCache:
     """Preallocated keys and values, one pair of tensors per layer, written by position.
 
-    `length` is the one truth about what the cache holds: the positions 0..length-1
-    are the committed sequence. A forward pass writes its chunk at the positions
-    right after them and reads the committed slots plus its own chunk; the caller
-    then commits what it keeps: `extend(n)` after a plain step, and after a
-    speculative step `trim(n)`, which cuts the rejected tail off by moving `length`
-    back, in O(1). Rejected keys stay in memory but are never read again: the next
-    chunk overwrites them before anything may look at them.
+    `length` is the one truth about what the cache holds: positions 0..length-1 are
+    the committed sequence. A forward pass writes its chunk right after them; the
+    caller then commits what it keeps: `extend(n)` after a plain step, `trim(n)` after
+    a speculative one, which cuts the rejected tail off in O(1) by moving `length`
+    back. Rejected keys stay in memory, but the next chunk overwrites them before
+    anything may read them. A draft tree's accepted path lies scattered among its
+    rejected siblings: `compact` moves it next to the committed slots first.
 
-    How much is read is the one place where eager and compiled passes differ
-    (`keys_to_read`): eager reads exactly the committed slots plus the chunk, which
-    is the least work; a compiled pass needs the same shapes on every call, so it
-    reads the whole buffer and a position mask hides every slot after the query
-    (`fixed_shape`, set by whoever compiles).
-
-    A draft tree is written the same way, one node per slot after the committed
-    ones, but the nodes of the accepted path are then scattered among rejected
-    siblings: `compact` moves them next to the committed slots before `extend`.
+    Eager passes read only the committed slots plus the chunk; a compiled pass needs
+    one shape on every call, so it reads the whole buffer and the position mask hides
+    every slot past the query (`fixed_shape`, set by whoever compiles). `prepare` and
+    `attend` say how attention reads the cache (`dflash/flex_reads.py` has another way).
     """
 
     def __init__(self, num_layers: int, batch: int, num_kv_heads: int, max_length: int, head_dim: int,
@@ -268,7 +247,12 @@ class KVCache:
         self.max_length = max_length
         self.length = 0
         self.fixed_shape = False
-        self.flex_reads = False  # attend with FilledBlocks: read only the filled key blocks (fixed-shape passes)
+
+    @classmethod
+    def for_layers(cls, config: Qwen3Config, like: torch.Tensor, max_length: int, batch: int = 1) -> "KVCache":
+        """A cache for a stack of layers shaped by `config`, on the device and in the dtype of `like`."""
+        return cls(config.num_hidden_layers, batch, config.num_key_value_heads, max_length, config.head_dim,
+                   device=like.device, dtype=like.dtype)
 
     def keys_to_read(self, chunk: int) -> int:
         """How many slots attention reads for a chunk of `chunk` new positions."""
@@ -281,6 +265,13 @@ class KVCache:
         self.keys[layer].index_copy_(2, positions, k)
         self.values[layer].index_copy_(2, positions, v)
         return self.keys[layer][:, :, :num_keys], self.values[layer][:, :, :num_keys]
+
+    def prepare(self, mask: torch.Tensor, seq: int):
+        """What `attend` needs to apply `mask`, built once per pass and shared by the layers: the mask itself."""
+        return mask
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared) -> torch.Tensor:
+        return attend(q, k, v, prepared)
 
     def compact(self, sources: torch.Tensor, first: int) -> None:
         """Move the keys and values at slots `sources` (n,) to the contiguous slots first, ..., first + n - 1.
@@ -325,66 +316,6 @@ def causal_mask(positions: torch.Tensor, num_keys: int, key_padding: torch.Tenso
         # some attention kernels turn into NaN. Letting it see itself keeps it finite.
         mask = (mask[None, None] & key_padding[:, None, None, :num_keys]) | itself  # (batch, 1, seq, keys)
     return mask
-
-
-class FilledBlocks:
-    """A fixed-shape pass's mask, attended with FlexAttention so that only the filled part of the cache is read.
-
-    A compiled pass reads the whole static buffer, so that its shapes never change;
-    with plain attention that means loading every key and value up to `max_length`,
-    however little of the buffer is filled. FlexAttention takes a *block mask*: for
-    each block of queries, the list of key blocks worth visiting. Here that list is
-    the key blocks up to the last key any query may see, counted on the device from
-    the mask itself (no host sync, fixed shapes), and the mask decides within them.
-    Key blocks past the filled part are never loaded, however long the buffer is.
-    Used inside compiled passes of at most `QUERY_BLOCK` queries (every pass after
-    the prefill) when a cache says `flex_reads` (`ModelRunner(flex_attention=True)`).
-    """
-
-    QUERY_BLOCK = KEY_BLOCK = 128
-
-    def __init__(self, mask: torch.Tensor):
-        self.mask = mask  # (seq or 1, keys) or (batch, 1, seq, keys), True where a query may look
-        self.shape = mask.shape
-        self.built = None  # the block mask, built by the first layer and shared by the others
-
-    def block_mask(self, batch: int, seq: int, keys: int):
-        """FlexAttention's block mask: one query block, the key blocks 0..last visible, the dense mask inside."""
-        from torch.nn.attention.flex_attention import BlockMask
-
-        dense = self.mask if self.mask.dim() == 4 else self.mask[None, None]  # (batch or 1, 1, seq or 1, keys)
-        dense = dense[:, 0].expand(batch, seq, keys)  # (batch, seq, keys), a view
-        key_index = torch.arange(keys, device=dense.device)
-        last_visible = torch.where(dense.any(dim=1), key_index, 0).amax(dim=1)  # (batch,)
-        num_blocks = (last_visible // self.KEY_BLOCK + 1).to(torch.int32)  # (batch,): the filled part, in blocks
-        all_blocks = torch.arange(-(-keys // self.KEY_BLOCK), device=dense.device, dtype=torch.int32)
-
-        def visible(b, h, query, key):
-            return dense[b, query, key]
-
-        return BlockMask.from_kv_blocks(  # shapes (batch, heads=1, query blocks=1) and (..., key blocks)
-            num_blocks.view(batch, 1, 1), all_blocks.expand(batch, 1, 1, -1).contiguous(),
-            BLOCK_SIZE=(self.QUERY_BLOCK, self.KEY_BLOCK), mask_mod=visible, seq_lengths=(seq, keys))
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q (batch, heads, seq, d) over k, v (batch, kv_heads, keys, d) -> (batch, heads, seq, d)."""
-        from torch.nn.attention.flex_attention import flex_attention
-
-        batch, _, seq, _ = q.shape
-        if self.built is None:
-            self.built = self.block_mask(batch, seq, k.shape[2])
-        return flex_attention(q, k, v, block_mask=self.built, enable_gqa=True)
-
-    @staticmethod
-    def used_for(cache: "KVCache | None", seq: int) -> bool:
-        """A compiled pass of at most QUERY_BLOCK queries over a cache that asks for it.
-
-        Only there: the compiler turns FlexAttention into one fused kernel. A pass run
-        eagerly (the prefill) reads only the committed slots anyway, or, over a
-        fixed-shape cache, the plain mask (exact, and no kernel compiled per shape).
-        """
-        return (cache is not None and cache.flex_reads and seq <= FilledBlocks.QUERY_BLOCK
-                and torch.compiler.is_compiling())
 
 
 def chunk_mask_over_cache(slots: torch.Tensor, chunk_mask: torch.Tensor, num_keys: int) -> torch.Tensor:
@@ -436,31 +367,28 @@ class Qwen3(nn.Module):
         positions: torch.Tensor | None = None,
         cache: KVCache | None = None,
         capture_layers: Sequence[int] = (),
-        logits_at: slice | torch.Tensor | str | None = None,
         key_padding: torch.Tensor | None = None,
         slots: torch.Tensor | None = None,
         chunk_mask: torch.Tensor | None = None,
-    ):
-        """Run the model on input_ids (batch, seq).
+        last_layer: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run the model on input_ids (batch, seq); return (hidden states, captured features).
 
-        - `positions` (seq,): absolute positions of the tokens, shared by the batch
-          (also the cache slots they are written to); default: right after what the
-          cache has committed (0..seq-1 without a cache). The forward never commits:
-          the caller moves `cache.length` (`extend`, `trim`) once it knows what to keep.
-        - `slots`, `chunk_mask` (a draft tree): write token i at cache slot `slots[i]`
-          rather than at its position, and let it see the committed slots plus the
-          chunk entries `chunk_mask` (seq, seq) allows, not those of lower positions
-          (`chunk_mask_over_cache`). Tree nodes of one depth share a position.
-        - `capture_layers`: also return the hidden states after these decoder layers
-          (0-based, repeats allowed), concatenated in the order asked:
-          (batch, seq, len(layers) * hidden). The last layer's comes after the final
-          norm, as the official `hidden_states[-1]` does.
-        - `logits_at`: compute logits only at these sequence indices (prefill needs one);
-          `"none"`: no logits at all, and no layer run past the last one captured
-          (drafter training reads the target's features only).
+        The hidden states (batch, seq, hidden) are after the final norm: `logits()` of
+        the rows a caller needs gives their next-token scores. The features are the
+        hidden states after `capture_layers` (0-based, repeats allowed), concatenated in
+        the order asked: (batch, seq, len(layers) * hidden), or None; the last layer's
+        comes after the final norm, as the official `hidden_states[-1]` does.
+
+        - `positions` (seq,): absolute positions, shared by the batch (also the cache
+          slots written); default: right after what the cache has committed. The
+          forward never commits: the caller moves `cache.length` once it knows what to keep.
+        - `slots`, `chunk_mask` (a draft tree): write token i at cache slot `slots[i]`,
+          and let it see the committed slots plus the chunk entries `chunk_mask` (seq, seq)
+          allows (`chunk_mask_over_cache`). Tree nodes of one depth share a position.
         - `key_padding` (batch, keys): False for left-padding keys of batched prompts.
-        Returns logits (batch, seq', vocab), or (logits, features) when capturing, or
-        features alone with `logits_at="none"`.
+        - `last_layer`: stop after this layer (for callers that only read features);
+          the hidden states are then that layer's output, not normed.
         """
         batch, seq = input_ids.shape
         if positions is None:
@@ -472,82 +400,47 @@ class Qwen3(nn.Module):
             mask = causal_mask(positions, num_keys, key_padding)
         else:
             mask = chunk_mask_over_cache(slots, chunk_mask, num_keys)
-        if FilledBlocks.used_for(cache, seq):
-            mask = FilledBlocks(mask)
+        if cache is not None:
+            mask = cache.prepare(mask, seq)
         x = self.embed_tokens(input_ids)  # (batch, seq, hidden)
         cos, sin = self.rotary(positions, x.dtype)  # (seq, head_dim) each
         captured = {}
-        features_only = isinstance(logits_at, str) and logits_at == "none"
-        needed = max(capture_layers) + 1 if features_only else len(self.layers)
-        for index, layer in enumerate(self.layers[:needed]):
-            x = layer(x, cos, sin, mask, cache, index, slots)
-            if index in capture_layers:
-                captured[index] = x
-        last = len(self.layers) - 1
-        if last in captured:
-            captured[last] = self.norm(x)  # the official hidden_states[-1] is after the final norm
-        if features_only:
-            return torch.cat([captured[i] for i in capture_layers], dim=-1)  # (batch, seq, n * hidden)
-        hidden = self.norm(x if logits_at is None else x[:, logits_at])
-        logits = self.logits(hidden)  # (batch, seq', vocab)
-        if not capture_layers:
-            return logits
-        return logits, torch.cat([captured[i] for i in capture_layers], dim=-1)  # (batch, seq, n * hidden)
+        last = len(self.layers) - 1 if last_layer is None else last_layer
+        for index, layer in enumerate(self.layers[:last + 1]):
+            x = layer(x, cos, sin, mask, cache, index, slots, num_keys)
+            captured[index] = x
+        if last == len(self.layers) - 1:
+            x = captured[last] = self.norm(x)  # the official hidden_states[-1] is after the final norm
+        features = torch.cat([captured[i] for i in capture_layers], dim=-1) if capture_layers else None
+        return x, features  # (batch, seq, hidden), (batch, seq, n * hidden)
 
     def new_cache(self, max_length: int, batch: int = 1) -> KVCache:
         """A KV cache for `max_length` positions on this model's device and dtype."""
-        c, weight = self.config, self.embed_tokens.weight
-        return KVCache(c.num_hidden_layers, batch, c.num_key_value_heads, max_length, c.head_dim,
-                       device=weight.device, dtype=weight.dtype)
+        return KVCache.for_layers(self.config, self.embed_tokens.weight, max_length, batch)
 
     # ------------------------------------------------------------ loading and saving
 
     @classmethod
     def from_pretrained(cls, path, device="cpu", dtype: torch.dtype = torch.float32) -> "Qwen3":
         """Load an official Qwen3 checkpoint folder (single file or sharded)."""
-        path = Path(path)
-        if not path.is_dir():
-            raise CheckpointError(f"{path}: not a checkpoint folder")
+        path = checkpoint.checkpoint_folder(path, "checkpoint")
         config = Qwen3Config.from_dict(checkpoint.read_json(path / "config.json"), str(path / "config.json"))
-        with torch.device("meta"):  # no memory yet: every weight arrives by assignment
-            model = cls(config)
         # A tied checkpoint may still carry a copy of the embedding as its LM head: unused.
         unused = frozenset({"lm_head.weight"}) if config.tie_word_embeddings else frozenset()
-        checkpoint.load_into(model, path, official_names(config), device, dtype, skip=unused)
-        model.rotary.inv_freq = model.rotary.inverse_frequencies(device)
-        return model.eval()
+        return checkpoint.load_pretrained(cls, config, path, official_names, device, dtype, skip=unused)
 
     def save_pretrained(self, path, dtype: torch.dtype | None = None) -> None:
         """Write `config.json` and `model.safetensors` in the official layout, atomically."""
-        checkpoint.save(path, self, official_names(self.config), self.config.to_dict(), dtype)
+        checkpoint.save(path, self, official_names(self), self.config.to_dict(), dtype)
 
 
 # ------------------------------------------------------------- official tensor names
 
-# The tensors of one decoder layer, named as in the official checkpoints (after
-# `model.layers.{i}.`) and as in this file's modules (after `layers.{i}.`): the
-# same dotted path, because the modules above are named after the official ones.
-LAYER_TENSORS = [
-    "input_layernorm.weight",
-    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-    "self_attn.q_norm.weight", "self_attn.k_norm.weight",
-    "post_attention_layernorm.weight",
-    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
-]
-ATTENTION_BIASES = ["self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias",
-                    "self_attn.o_proj.bias"]
 
+def official_names(model: nn.Module) -> dict[str, str]:
+    """The checkpoint's tensor names -> this model's parameter names.
 
-def official_names(config: Qwen3Config) -> dict[str, str]:
-    """The checkpoint's tensor names -> this model's parameter names, for a given config."""
-    names = {
-        "model.embed_tokens.weight": "embed_tokens.weight",  # (vocab, hidden)
-        "model.norm.weight": "norm.weight",  # (hidden,)
-    }
-    if not config.tie_word_embeddings:
-        names["lm_head.weight"] = "lm_head.weight"  # (vocab, hidden)
-    per_layer = LAYER_TENSORS + (ATTENTION_BIASES if config.attention_bias else [])
-    for i in range(config.num_hidden_layers):
-        for tensor in per_layer:
-            names[f"model.layers.{i}.{tensor}"] = f"layers.{i}.{tensor}"
-    return names
+    The modules above are named after the official ones, so each name is the same
+    dotted path, under `model.` for everything but the LM head.
+    """
+    return {name if name.startswith("lm_head.") else f"model.{name}": name for name, _ in model.named_parameters()}

@@ -46,7 +46,8 @@ from safetensors.torch import load_file  # noqa: E402
 from dflash.cli import OneLineErrors, UsageError, run_cli  # noqa: E402
 from dflash.drafter import Drafter, DrafterConfig, default_target_layer_ids  # noqa: E402
 from dflash.qwen3 import Qwen3, Qwen3Config  # noqa: E402
-from generate import ModelRunner, generate_autoregressive, generate_dflash  # noqa: E402
+from generate import (ModelRunner, decode_pass, draft_pass, generate_autoregressive, generate_dflash,  # noqa: E402
+                      verify_pass)
 import bench_train  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -64,14 +65,18 @@ PEAK_BANDWIDTH = {"H200": 4.8e12, "H100": 3.35e12, "A100": 2.0e12, "B200": 8.0e1
 # ------------------------------------------------------------------------ correctness
 
 
+def logits_of(model: Qwen3, input_ids: torch.Tensor) -> torch.Tensor:
+    return model.logits(model(input_ids)[0])  # (batch, seq, vocab)
+
+
 def fixture_parity(device) -> dict:
     """Largest logit difference to the reference implementation's, float32 (TF32 off)."""
     target = Qwen3.from_pretrained(FIXTURES / "qwen3-tiny", device=device)
     reference = load_file(FIXTURES / "qwen3-tiny" / "reference.safetensors")
-    tied = (target(reference["input_ids"].to(device)).cpu() - reference["logits"]).abs().max().item()
+    tied = (logits_of(target, reference["input_ids"].to(device)).cpu() - reference["logits"]).abs().max().item()
     sharded = Qwen3.from_pretrained(FIXTURES / "qwen3-tiny-sharded", device=device)
     loaded = load_file(FIXTURES / "qwen3-tiny-sharded" / "loaded_reference.safetensors")
-    bf16_file = (sharded(loaded["input_ids"].to(device)).cpu() - loaded["logits"]).abs().max().item()
+    bf16_file = (logits_of(sharded, loaded["input_ids"].to(device)).cpu() - loaded["logits"]).abs().max().item()
     return {"qwen3-tiny max |logit diff|": tied, "qwen3-tiny-sharded max |logit diff|": bf16_file,
             "passed": max(tied, bf16_file) <= 1e-4}
 
@@ -182,35 +187,38 @@ def step_costs(name: str, shape: dict, device, context: int, repeats: int, extra
     """
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     target, drafter = random_pair(shape, device, dtype)
-    runner = ModelRunner(target, drafter, max_length=context + 64 + extra_buffer, block_size=16)
-    for cache in runner.caches():
-        cache.fixed_shape = True  # the compiled loop's reads: the whole buffer under a position mask
     prompt = torch.randint(0, 1000, (1, context), device=device)
-    _, features = runner.prefill(prompt, 0.0, None)
-    runner.draft(features, prompt[0, -1], context)  # fills the drafter's cache with the prompt's context
+    runners = {}
+    for flex in (False, True):  # plain masked reads, and reads of the filled key blocks only (FilledBlocks)
+        runner = runners[flex] = ModelRunner(target, drafter, max_length=context + 64 + extra_buffer, block_size=16,
+                                             flex_attention=flex)
+        for cache in runner.caches():
+            cache.fixed_shape = True  # the compiled loop's reads: the whole buffer under a position mask
+        first, features = runner.prefill(prompt, 0.0, None)
+        runner.draft(features, first, context, after_prefill=True)  # fills the drafter's cache with the prompt's
+    runner, layer_ids, cache = runners[False], runners[False].layer_ids, runners[False].target_cache
     position = torch.tensor([context], device=device)
     token = prompt[:, -1:]
-    costs = {"decode": seconds_per_call(lambda: runner.decode_forward(token, position, True), device, repeats)}
+    costs = {"decode": seconds_per_call(lambda: decode_pass(target, cache, token, position, True), device, repeats)}
     for block in (4, 8, 16):
         ids, positions = prompt[:, :block], torch.arange(context, context + block, device=device)
-        costs[f"verify {block}"] = seconds_per_call(lambda: runner.verify_forward(ids, positions, True), device,
-                                                    repeats)
-    # The same two passes compiled, reading only the filled key blocks (FilledBlocks): FlexAttention is
-    # used inside compiled passes only, where it becomes one fused kernel.
-    for cache in runner.caches():
-        cache.flex_reads = True
+        costs[f"verify {block}"] = seconds_per_call(
+            lambda: verify_pass(target, cache, layer_ids, ids, positions, True), device, repeats)
+    # The same two passes compiled, reading only the filled key blocks: FlexAttention is used inside
+    # compiled passes only, where it becomes one fused kernel.
     backend = "inductor" if device.type == "cuda" else "eager"
-    decode = torch.compile(runner.decode_forward, backend=backend, fullgraph=True, dynamic=False)
-    verify = torch.compile(runner.verify_forward, backend=backend, fullgraph=True, dynamic=False)
-    costs["decode, flex"] = seconds_per_call(lambda: decode(token, position, True), device, repeats)
+    decode = torch.compile(decode_pass, backend=backend, fullgraph=True, dynamic=False)
+    verify = torch.compile(verify_pass, backend=backend, fullgraph=True, dynamic=False)
+    flex_cache = runners[True].target_cache
+    costs["decode, flex"] = seconds_per_call(lambda: decode(target, flex_cache, token, position, True), device,
+                                             repeats)
     ids, positions = prompt[:, :16], torch.arange(context, context + 16, device=device)
-    costs["verify 16, flex"] = seconds_per_call(lambda: verify(ids, positions, True), device, repeats)
-    for cache in runner.caches():
-        cache.flex_reads = False
+    costs["verify 16, flex"] = seconds_per_call(lambda: verify(target, flex_cache, layer_ids, ids, positions, True),
+                                                device, repeats)
     block_positions = torch.arange(context, context + 16, device=device)
     costs["draft 16"] = seconds_per_call(
-        lambda: runner.draft_forward(runner.features, block_positions - 16, runner.block_ids, block_positions),
-        device, repeats)
+        lambda: draft_pass(target, drafter, runner.drafter_cache, runner.features, block_positions - 16,
+                           runner.block_ids, block_positions), device, repeats)
     weight_bytes = sum(p.numel() * p.element_size() for p in target.parameters())
     cache_bytes = 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * \
         (context + 64 + extra_buffer) * torch.finfo(dtype).bits // 8  # the compiled decode reads the whole buffer

@@ -14,5 +14,11 @@ def as_the_reference_was_made(model):
     """
     config = getattr(model.config, "layers", model.config)  # a drafter's Qwen3 part, or the target's config
     if config.dtype == "bfloat16":
-        model.rotary.round_frequencies(torch.bfloat16)
+        model.rotary.inv_freq = model.rotary.inv_freq.to(torch.bfloat16).float()  # as `.to(bfloat16)` rounds it
     return model
+
+
+def logits_of(model, input_ids, **options):
+    """Next-token logits at every position (batch, seq, vocab): the hidden states through the LM head."""
+    hidden, _ = model(input_ids, **options)
+    return model.logits(hidden)

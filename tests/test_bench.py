@@ -190,3 +190,12 @@ def test_peer_without_transformers_is_one_error_line(tmp_path, capsys):
 def test_an_option_whose_extra_is_missing_is_refused():
     with pytest.raises(UsageError, match=r"pip install -e '\.\[plots\]'"):
         bench.require("no_such_module_at_all", "plots", "--plots")
+
+
+def test_accuracy_counts_replies_whose_last_number_is_the_answer():
+    assert bench.final_number("First 3 * 6 = 18. Then 18 + 2 = 20. The answer is 20.") == "20"
+    assert bench.final_number("no number here") is None and bench.final_number("a loss of -4") == "-4"
+    runs = [plain_run(VARIED), plain_run(VARIED), plain_run(VARIED)]
+    runs[0].correct, runs[1].correct = True, False  # the third prompt has no known answer
+    assert bench.accuracy(runs) == 0.5 and loop_figures(runs)["accuracy"] == 0.5
+    assert bench.accuracy(runs[2:]) is None

@@ -55,3 +55,36 @@ def test_steps_compile_once_whatever_the_acceptance(no_recompiles):
     assert counts[0] == 3  # decode, verify, draft: one graph each
     assert counts == [3, 3, 3]
     assert len(set(lengths)) >= 3  # the steps did run with different acceptance lengths
+
+
+def test_runners_share_compiled_passes_and_many_shapes_stay_under_the_recompile_limit(no_recompiles):
+    """Each pass compiles once per process and runner shape, not once per runner; and a benchmark's many
+    shapes (block sizes, greedy and sampled) never pile up in one function's cache.
+
+    With dynamo's per-function recompile limit at 2, compiling every runner's own
+    methods failed at the third graph of `verify`; here each shape has its own copy.
+    """
+    target = Qwen3.from_pretrained(FIXTURES / "qwen3-tiny-sharded")
+    drafter = Drafter.from_pretrained(FIXTURES / "dflash-tiny", target=target)
+    backend, new, prompt = CountingBackend(), 12, prompt_of(7, target.config.vocab_size)
+    truth = generate_autoregressive(target, prompt, new).new_ids
+    limit = torch._dynamo.config.recompile_limit
+    torch._dynamo.config.recompile_limit, torch._dynamo.config.error_on_recompile = 2, False
+    try:
+        counts = []
+        for block_size in (4, 8, 4, 8):
+            runner = ModelRunner(target, drafter, max_length=7 + new + 8, block_size=block_size, compile=True,
+                                 backend=backend)
+            for temperature in (0.0, 0.7):
+                generator = torch.Generator().manual_seed(0)
+                plain = generate_autoregressive(target, prompt, new, runner=runner, temperature=temperature,
+                                                generator=generator)
+                generator = torch.Generator().manual_seed(0)
+                fast = generate_dflash(target, drafter, prompt, new, runner=runner, temperature=temperature,
+                                       generator=generator)
+                assert temperature > 0 or plain.new_ids == fast.new_ids == truth
+            counts.append(backend.graphs)
+    finally:
+        torch._dynamo.config.recompile_limit = limit
+    assert counts[2:] == [counts[1]] * 2  # the third and fourth runners compile nothing
+    assert counts[0] == 5  # decode and verify, greedy and sampled; draft (always greedy)

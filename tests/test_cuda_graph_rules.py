@@ -51,8 +51,7 @@ def runner_under_the_rule(target, drafter, max_length: int, block_size: int) -> 
     runner = ModelRunner(target, drafter, max_length=max_length, block_size=block_size, compile=True,
                          backend=CountingBackend())
     rule = OverwriteEarlierOutputs()
-    runner.decode_pass, runner.verify_pass, runner.draft_pass = (
-        rule.wrap(runner.decode_pass), rule.wrap(runner.verify_pass), rule.wrap(runner.draft_pass))
+    runner.passes = {name: rule.wrap(run) for name, run in runner.passes.items()}
     return runner, rule
 
 

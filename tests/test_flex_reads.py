@@ -14,7 +14,8 @@ import torch
 import torch.nn.functional as F
 
 from dflash.drafter import Drafter
-from dflash.qwen3 import FilledBlocks, Qwen3, causal_mask, chunk_mask_over_cache
+from dflash.flex_reads import FilledBlocks
+from dflash.qwen3 import Qwen3, causal_mask, chunk_mask_over_cache
 from generate import ModelRunner, generate_autoregressive, generate_dflash, generate_dflash_tree
 from tests.test_generate import prompt_of
 

@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 from dflash.qwen3 import Qwen3
-from tests.reference import as_the_reference_was_made
+from tests.reference import as_the_reference_was_made, logits_of
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CHECKPOINTS = ["qwen3-tiny", "qwen3-tiny-sharded"]
@@ -26,7 +26,7 @@ def test_loading_keeps_float32_rope_frequencies_as_the_official_loader():
     loaded = load_file(folder / "loaded_reference.safetensors")  # transformers 4.57.1, from_pretrained(fp32)
     model = Qwen3.from_pretrained(folder)
     assert torch.equal(model.rotary.inv_freq, loaded["inv_freq"])
-    assert (model(loaded["input_ids"]) - loaded["logits"]).abs().max() <= 1e-5
+    assert (logits_of(model, loaded["input_ids"]) - loaded["logits"]).abs().max() <= 1e-5
     in_bf16 = Qwen3.from_pretrained(folder, dtype=torch.bfloat16)
     assert in_bf16.rotary.inv_freq.dtype == torch.float32
     assert torch.equal(in_bf16.rotary.inv_freq, loaded["inv_freq"])  # the official bf16 load keeps them too
@@ -35,7 +35,7 @@ def test_loading_keeps_float32_rope_frequencies_as_the_official_loader():
 @torch.no_grad()
 def test_logits_match_reference(model_and_reference):
     model, ref = model_and_reference
-    logits = model(ref["input_ids"])
+    logits = logits_of(model, ref["input_ids"])
     assert logits.shape == ref["logits"].shape
     assert (logits - ref["logits"]).abs().max() <= 1e-4
 
@@ -65,23 +65,24 @@ def test_greedy_continuation_matches_reference(model_and_reference):
     model, ref = model_and_reference
     prompt, expected = ref["greedy_prompt"], ref["greedy_output"]
     cache = model.new_cache(expected.shape[1])
-    logits = model(prompt, cache=cache, logits_at=slice(-1, None))
+    logits = logits_of(model, prompt, cache=cache)
     cache.extend(prompt.shape[1])
     tokens = prompt[0].tolist()
     while len(tokens) < expected.shape[1]:
         tokens.append(int(logits[0, -1].argmax()))
-        logits = model(torch.tensor([tokens[-1:]]), cache=cache)  # right after the committed tokens
+        logits = logits_of(model, torch.tensor([tokens[-1:]]), cache=cache)  # right after the committed tokens
         cache.extend(1)
     assert tokens == expected[0].tolist()
 
 
 @torch.no_grad()
-def test_logits_at_selects_positions(model_and_reference):
+def test_logits_of_the_rows_a_caller_needs(model_and_reference):
+    """The forward returns normed hidden states; the LM head of chosen rows gives those rows' logits."""
     model, ref = model_and_reference
-    full = model(ref["input_ids"])
-    assert torch.allclose(model(ref["input_ids"], logits_at=slice(-1, None)), full[:, -1:], atol=1e-6)
+    hidden, features = model(ref["input_ids"])
+    assert features is None and hidden.shape[-1] == model.config.hidden_size
     picked = torch.tensor([0, 5])
-    assert torch.allclose(model(ref["input_ids"], logits_at=picked), full[:, picked], atol=1e-6)
+    torch.testing.assert_close(model.logits(hidden[:, picked]), ref["logits"][:, picked], atol=1e-4, rtol=0)
 
 
 @torch.no_grad()
@@ -112,13 +113,13 @@ def test_incremental_decoding_matches_full_forward(model_and_reference, chunks, 
     """Prefill then chunks of any size through the cache == one pass without a cache."""
     model, ref = model_and_reference
     ids = ref["input_ids"]
-    full = model(ids)
+    full = logits_of(model, ids)
     cache = model.new_cache(32, batch=ids.shape[0])
     cache.fixed_shape = fixed_shape  # read the whole buffer under the position mask, as compiled passes do
     pieces = []
     for size in chunks:
         start = cache.length
-        pieces.append(model(ids[:, start:start + size], cache=cache))
+        pieces.append(logits_of(model, ids[:, start:start + size], cache=cache))
         cache.extend(size)
     assert (torch.cat(pieces, dim=1) - full).abs().max() <= 1e-5
 
@@ -128,7 +129,7 @@ def continue_after_garbage(model, ids, garbage, fixed_shape: bool) -> float:
 
     Returns the largest difference to a pass over all of `ids` without a cache.
     """
-    full = model(ids)
+    full = logits_of(model, ids)
     cache = model.new_cache(40)
     cache.fixed_shape = fixed_shape
     model(ids[:, :12], cache=cache)
@@ -136,7 +137,7 @@ def continue_after_garbage(model, ids, garbage, fixed_shape: bool) -> float:
     for buffer in cache.keys + cache.values:
         tail = buffer[:, :, cache.length:]
         tail.copy_(garbage(tail.shape))
-    rest = model(ids[:, 12:], cache=cache)
+    rest = logits_of(model, ids[:, 12:], cache=cache)
     return (rest - full[:, 12:]).abs().max().item()
 
 
@@ -167,7 +168,7 @@ def test_trim_forgets_rejected_tokens(model_and_reference):
     """Write a chunk of wrong tokens, trim them away, continue: as if never written."""
     model, ref = model_and_reference
     ids = ref["input_ids"][:1]
-    full = model(ids)
+    full = logits_of(model, ids)
     cache = model.new_cache(40)
     model(ids[:, :12], cache=cache)
     cache.extend(12)
@@ -175,7 +176,7 @@ def test_trim_forgets_rejected_tokens(model_and_reference):
     model(wrong, cache=cache)
     cache.extend(9)
     cache.trim(12)  # O(1): the wrong keys are still in memory, but can no longer be seen
-    rest = model(ids[:, 12:], cache=cache)
+    rest = logits_of(model, ids[:, 12:], cache=cache)
     assert (rest - full[:, 12:]).abs().max() <= 1e-5
     assert cache.length == 12
 
@@ -200,10 +201,10 @@ def test_left_padding_with_key_mask_is_exact(model_and_reference):
     """Batched generation pads prompts on the left; the padding mask must hide it."""
     model, ref = model_and_reference
     short = ref["input_ids"][:1, :15]
-    alone = model(short)
+    alone = logits_of(model, short)
     padded = torch.cat([torch.zeros(1, 8, dtype=torch.long), short], dim=1)  # (1, 23)
     real = torch.arange(23)[None, :] >= 8  # (1, 23): True for real tokens
-    logits = model(padded, key_padding=real)
+    logits = logits_of(model, padded, key_padding=real)
     assert (logits[:, 8:] - alone).abs().max() <= 1e-4
 
 
@@ -211,7 +212,7 @@ def test_weights_load_in_the_requested_dtype():
     model = Qwen3.from_pretrained(FIXTURES / "qwen3-tiny-sharded", dtype=torch.bfloat16)
     assert all(p.dtype == torch.bfloat16 for p in model.parameters())
     assert not any(p.is_meta for p in model.parameters())
-    logits = model(torch.tensor([[1, 2, 3]]))
+    logits = logits_of(model, torch.tensor([[1, 2, 3]]))
     assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all()
 
 

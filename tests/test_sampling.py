@@ -14,6 +14,7 @@ import torch
 
 from dflash.qwen3 import Qwen3, Qwen3Config
 from generate import ModelRunner, generate_autoregressive, generate_dflash, sample
+from tests.reference import logits_of
 from tests.test_generate import random_drafter
 
 torch.set_num_threads(1)
@@ -35,7 +36,7 @@ def target():
 def next_token_probabilities(target, prefixes, temperature):
     """p(next | PROMPT + prefix) for each prefix: (len(prefixes), VOCAB), in float64."""
     ids = torch.tensor([PROMPT + list(prefix) for prefix in prefixes])  # (prefixes, len): all one length
-    return torch.softmax(target(ids)[:, -1].double() / temperature, dim=-1)
+    return torch.softmax(logits_of(target, ids)[:, -1].double() / temperature, dim=-1)
 
 
 def exact_joint(target, temperature):
@@ -68,8 +69,8 @@ def greedy_oracle(runner, target):
         best = next_token_probabilities(target, prefixes, 1.0).argmax(dim=-1).tolist()
         greedy.update(zip(prefixes, best))
 
-    def draft(context_features, last_token, start):
-        real_draft(context_features, last_token, start)
+    def draft(context_features, last_token, start, after_prefill):
+        real_draft(context_features, last_token, start, after_prefill)
         guess = tuple(committed)
         for _ in range(BLOCK - 1):
             guess += (greedy.get(guess, 0),)

@@ -132,8 +132,9 @@ def tiny_drafter(block_size=4, seed=0) -> Drafter:
 def draft_all_blocks(drafter, features, embeddings, anchors):
     """All blocks in one forward, under the pattern training uses (it skips masked work; see test_train_kernels)."""
     block = drafter.config.block_size
-    mask = AnchoredBlocks(anchors, features.shape[1], block, blocks_per_chunk=1)
-    return drafter(features, embeddings, torch.arange(features.shape[1]), train.block_positions(anchors, block), mask)
+    pattern = AnchoredBlocks(anchors, features.shape[1], block, blocks_per_chunk=1)
+    return drafter(features, embeddings, torch.arange(features.shape[1]), train.block_positions(anchors, block),
+                   pattern=pattern)
 
 
 @pytest.fixture

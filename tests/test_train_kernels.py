@@ -152,7 +152,7 @@ def test_target_features_stop_at_the_last_layer_read():
     _, full = target(ids, capture_layers=[1, 0])
     calls = []
     hooks = [layer.register_forward_hook(lambda *_: calls.append(1)) for layer in target.layers]
-    features = target(ids, capture_layers=[1, 0], logits_at="none")
+    _, features = target(ids, capture_layers=[1, 0], last_layer=1)
     for hook in hooks:
         hook.remove()
     torch.testing.assert_close(features, full)

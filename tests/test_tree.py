@@ -17,7 +17,7 @@ import torch
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
 from dflash.tree import DraftTree, ancestor_mask, build_tree, path_slots, verify_inputs, walk
-from generate import ModelRunner, generate_autoregressive, generate_dflash, generate_dflash_tree
+from generate import ModelRunner, decode_pass, generate_autoregressive, generate_dflash, generate_dflash_tree
 from tests.test_compile import CountingBackend, no_recompiles  # noqa: F401 (a fixture)
 from tests.test_cuda_graph_rules import OverwriteEarlierOutputs
 from tests.test_generate import prompt_of, random_drafter
@@ -171,11 +171,11 @@ def test_after_compaction_the_next_logits_are_a_fresh_runs(pairs):
     runner = ModelRunner(target, drafter, max_length=48, tree_budget=budget)
     first, features = runner.prefill(torch.tensor([prompt]), 0.0, None)
     n = len(prompt)
-    runner.draft_tree(features, first.item(), n)  # keeps the drafter in step; its guesses are replaced:
+    runner.draft_tree(features, first, n, after_prefill=True)  # keeps the drafter in step; its guesses are replaced:
     # at every depth the truth is the second choice, so the true path runs through second children.
     wrong = lambda token: (token + 1) % target.config.vocab_size  # noqa: E731
     candidates = [[wrong(truth[n + d]), truth[n + d]] for d in range(1, 5)]
-    tree = build_tree(first.item(), [[-0.1, -0.2]] * 4, candidates, budget)
+    tree = build_tree(first, [[-0.1, -0.2]] * 4, candidates, budget)
     target_tokens = runner.verify_tree(tree, 0.0, None).tolist()
     path = walk(tree, target_tokens)
     assert len(path) == 5 and path != list(range(5))  # four drafts kept, from scattered slots
@@ -183,9 +183,9 @@ def test_after_compaction_the_next_logits_are_a_fresh_runs(pairs):
     assert [target_tokens[node] for node in path] == truth[n + 1:n + 6]  # four drafts and the bonus
     assert runner.target_cache.length == n + 5  # the prompt, the root and the four drafts
     bonus = torch.tensor([[truth[n + 5]]])
-    cached = runner.decode_forward(bonus, torch.tensor([n + 5]), greedy=False)  # (1, vocab)
-    fresh, fresh_features = target(torch.tensor([truth[:n + 6]]), capture_layers=drafter.config.target_layer_ids)
-    assert (cached - fresh[:, -1]).abs().max() <= 1e-5
+    cached = decode_pass(target, runner.target_cache, bonus, torch.tensor([n + 5]), False)  # (1, vocab)
+    hidden, fresh_features = target(torch.tensor([truth[:n + 6]]), capture_layers=drafter.config.target_layer_ids)
+    assert (cached - target.logits(hidden[:, -1])).abs().max() <= 1e-5
     # The drafter's next context: the features of the root and the kept path, in order.
     # Features reach tens in size: a float32 difference of a few 1e-5 is summation order, not a stale slot.
     torch.testing.assert_close(context[:, :5], fresh_features[:, n:n + 5], atol=1e-4, rtol=1e-4)
@@ -240,8 +240,7 @@ def test_greedy_tree_equals_the_plain_loop_under_the_cuda_graph_rule(pairs):
     runner = ModelRunner(target, drafter, max_length=31 + new + budget + 1, tree_budget=budget, compile=True,
                          backend=CountingBackend())
     rule = OverwriteEarlierOutputs()
-    runner.verify_tree_pass = rule.wrap(runner.verify_tree_pass)
-    runner.draft_tree_pass = rule.wrap(runner.draft_tree_pass)
+    runner.passes = {name: rule.wrap(run) for name, run in runner.passes.items()}
     for prompt_length in (1, 6, 31):
         prompt = prompt_of(prompt_length, target.config.vocab_size)
         eager = generate_dflash_tree(target, drafter, prompt, new, budget=budget)
