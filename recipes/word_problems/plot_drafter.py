@@ -1,6 +1,6 @@
 """Plot a drafter's training curve from train.py's log: loss, and the tau estimate.
 
-    python recipes/tiny/plot_drafter.py --log weights/tiny-qwen3-dflash/train_log.jsonl
+    python recipes/word_problems/plot_drafter.py --log weights/tiny-qwen3-dflash/train_log.jsonl
 
 The loss is the decayed-weight cross-entropy over block slots; the tau estimate is
 1 + sum_k prod_{i<=k} acc_i from the per-slot accuracies (see train.estimated_tau):

@@ -2,11 +2,11 @@
 
 The two curves answer different questions. The train loss (averaged over a few
 steps, so noisy) says whether optimisation works; the held-out loss, measured on
-fixed windows of files the model never saw, says whether it learned Python
-rather than memorised the standard library. A gap that keeps growing would mean
+fixed windows of held-out problems the model never saw, says whether it learned to
+solve them rather than memorise its training problems. A gap that keeps growing would mean
 over-fitting; on this corpus and budget the two should stay close.
 
-Usage:  python recipes/tiny/plot_target.py [--log recipes/tiny/work/target_log.json [PHASE-2 LOG ...]]
+Usage:  python recipes/word_problems/plot_target.py [--log recipes/word_problems/work/target_log.json [PHASE-2 LOG ...]]
                                            [--out weights/tiny-qwen3-training.png]
 """
 
@@ -35,7 +35,7 @@ def read_curves(log_paths: list[Path]) -> tuple[dict[str, tuple[list[int], list[
     curves = {"train_loss": ([], []), "heldout_loss": ([], [])}
     offset, boundaries = 0, []
     for log_path in log_paths:
-        log = json.loads(require(log_path, "recipes/tiny/train_target.py").read_text())
+        log = json.loads(require(log_path, "recipes/word_problems/train_target.py").read_text())
         for key, (steps, values) in curves.items():
             points = [(offset + e["step"], e[key]) for e in log if e.get(key) is not None]
             steps += [s for s, _ in points]
@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log", type=Path, nargs="+", default=[WORK / "target_log.json"],
                         help="the run's log; several: the phases of one run, in order")
     parser.add_argument("--out", type=Path, default=WEIGHTS / "tiny-qwen3-training.png")
-    parser.add_argument("--title", default="tiny Qwen3 trained on the Python standard library")
+    parser.add_argument("--title", default="tiny Qwen3 trained on word problems")
     return parser
 
 

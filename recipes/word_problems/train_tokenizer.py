@@ -9,8 +9,14 @@ word problems need few words.
 256 printable stand-in characters (the `ByteLevel.alphabet()`), so every string has a
 tokenization: nothing is ever "unknown", and decoding gives back exactly the input.
 BPE then merges the most frequent adjacent pair again and again, until the
-vocabulary is full. Digits are split apart first, as Qwen's pre-tokenizer does, so
-every digit is its own token and numbers are spelled the same way wherever they appear.
+vocabulary is full. Before BPE, the text is cut by Qwen's own pre-tokenizer pattern
+(`QWEN_SPLIT`): every digit on its own, so numbers are spelled the same way wherever
+they appear, and a run of newlines one piece whatever follows it, so that a prompt
+ending in "\n\n" (the chat template's `</think>\n\n`) is cut as the same text is
+cut inside a training conversation. GPT-2's pattern (`--split gpt2`) cuts "\n\nThe"
+into "\n", "\n", "The" but a final "\n\n" into one piece, and a model trained on
+the first never meets the second; `--resplit` gives an existing tokenizer Qwen's
+pattern and keeps its merges (how the shipped tokenizer was made: `weights/README.md`).
 
 The special tokens are Qwen3's chat tokens, matched whole before BPE sees the text:
   <|endoftext|>  ends every document;  <|im_start|>, <|im_end|>  open and close a turn
@@ -35,7 +41,7 @@ import argparse
 import time
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from paths import CORPUS, WEIGHTS, require  # also puts the repository root on sys.path, for dflash
 from dflash.checkpoint import write_json_atomically
@@ -51,17 +57,32 @@ def read_documents(text_file: Path, limit: int | None = None) -> list[str]:
     return [doc.removeprefix("\n") for doc in text.split(END_OF_TEXT) if doc.strip()][:limit]
 
 
-def new_tokenizer() -> Tokenizer:
-    """An empty byte-level BPE: digits apart, bytes -> stand-in characters -> merges, and back.
+# Qwen2/Qwen3's pre-tokenizer pattern, as their tokenizer.json writes it.
+QWEN_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
+              r"\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def pre_tokenizer(split: str):
+    """Qwen's pattern then bytes -> stand-in characters; or ("gpt2") digits apart, then GPT-2's pattern.
 
     `add_prefix_space=False` keeps the text exactly as written (GPT-2's habit of
     inserting a space before the first word would break the round trip).
     """
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+    if split == "qwen":
+        return pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN_SPLIT), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ])
+    return pre_tokenizers.Sequence([
         pre_tokenizers.Digits(individual_digits=True),
         pre_tokenizers.ByteLevel(add_prefix_space=False),
     ])
+
+
+def new_tokenizer(split: str) -> Tokenizer:
+    """An empty byte-level BPE: pieces, bytes -> stand-in characters -> merges, and back."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizer(split)
     tokenizer.decoder = decoders.ByteLevel()
     return tokenizer
 
@@ -139,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="folder for tokenizer.json and the two configs")
     parser.add_argument("--check-files", type=int, default=200, help="held-out documents to round-trip")
     parser.add_argument("--train-documents", type=int, default=100_000, help="documents the merges are learnt from")
+    parser.add_argument("--split", choices=["qwen", "gpt2"], default="qwen", help="the pre-tokenizer pattern")
+    parser.add_argument("--resplit", type=Path, default=None,
+                        help="instead of training: this tokenizer.json with Qwen's pattern, its merges kept")
     return parser
 
 
@@ -147,14 +171,19 @@ def main(args: argparse.Namespace) -> int:
     train_docs = read_documents(require(args.corpus / "train.txt", "recipes/word_problems/build_corpus.py"),
                                 args.train_documents)
     heldout_docs = read_documents(require(args.corpus / "heldout.txt", "recipes/word_problems/build_corpus.py"))
-    tokenizer = new_tokenizer()
-    train(tokenizer, train_docs, args.vocab_size)
+    if args.resplit is not None:
+        tokenizer = Tokenizer.from_file(str(require(args.resplit, "train_tokenizer.py --split gpt2")))
+        tokenizer.pre_tokenizer = pre_tokenizer("qwen")
+    else:
+        tokenizer = new_tokenizer(args.split)
+        train(tokenizer, train_docs, args.vocab_size)
     check_special_ids(tokenizer)
     args.out.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(args.out / "tokenizer.json"))
     write_folder_configs(args.out, tokenizer)
-    print(f"trained {tokenizer.get_vocab_size()} tokens on {len(train_docs)} documents "
-          f"in {time.perf_counter() - start:.1f} s -> {args.out / 'tokenizer.json'}")
+    made = f"re-split {args.resplit}" if args.resplit else f"trained on {len(train_docs)} documents"
+    print(f"{tokenizer.get_vocab_size()} tokens, {made}, in {time.perf_counter() - start:.1f} s "
+          f"-> {args.out / 'tokenizer.json'}")
     check_round_trip(tokenizer, heldout_docs, args.check_files)
     print(f"held-out: {tokens_per_byte(tokenizer, heldout_docs):.3f} tokens per byte")
     return 0
