@@ -68,6 +68,30 @@ def refuse_unsupported_fields(raw: dict, source: str, expected_model_type: str) 
     rope_theta(raw, source)  # refuses a RoPE type other than the default
 
 
+REQUIRED_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                   "num_key_value_heads")
+
+
+def qwen3_fields(raw: dict, source: str, names: list[str]) -> dict:
+    """The values of the fields `names` a Qwen3 `config.json` gives, checked, with the defaults it implies."""
+    refuse_unsupported_fields(raw, source, expected_model_type="qwen3")
+    missing = [name for name in REQUIRED_FIELDS if name not in raw]
+    if missing:
+        raise CheckpointError(f"{source}: missing required field(s) {', '.join(sorted(missing))}")
+    values = {name: raw[name] for name in names if name in raw}
+    values["dtype"] = raw.get("dtype") or raw.get("torch_dtype") or "float32"
+    if rope_theta(raw, source) is not None:
+        values["rope_theta"] = rope_theta(raw, source)
+    if not isinstance(getattr(torch, values["dtype"], None), torch.dtype):
+        raise CheckpointError(f"{source}: dtype={values['dtype']!r} is not a torch dtype")
+    if "head_dim" not in values:  # older configs leave it implicit
+        values["head_dim"] = raw["hidden_size"] // raw["num_attention_heads"]
+    if values["num_attention_heads"] % values["num_key_value_heads"]:
+        raise CheckpointError(f"{source}: num_attention_heads={values['num_attention_heads']} is not a multiple "
+                              f"of num_key_value_heads={values['num_key_value_heads']}")
+    return values
+
+
 def rope_theta(raw: dict, source: str) -> float | None:
     """RoPE's base: `rope_theta`, or inside `rope_parameters`, where newer transformers versions write it.
 

@@ -19,7 +19,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash import checkpoint
-from dflash.checkpoint import CheckpointError
 
 # --------------------------------------------------------------------------- config
 
@@ -44,45 +43,14 @@ class Qwen3Config:
 
     @classmethod
     def from_dict(cls, raw: dict, source: str = "config.json") -> "Qwen3Config":
-        """Build a config, refusing by name every field whose meaning we do not implement."""
-        checkpoint.refuse_unsupported_fields(raw, source, expected_model_type="qwen3")
-        missing = [name for name in REQUIRED_FIELDS if name not in raw]
-        if missing:
-            raise CheckpointError(f"{source}: missing required field(s) {', '.join(sorted(missing))}")
-        values = {f.name: raw[f.name] for f in fields(cls) if f.name in raw}
-        values["dtype"] = raw.get("dtype") or raw.get("torch_dtype") or "float32"
-        if checkpoint.rope_theta(raw, source) is not None:
-            values["rope_theta"] = checkpoint.rope_theta(raw, source)
-        if not isinstance(getattr(torch, values["dtype"], None), torch.dtype):
-            raise CheckpointError(f"{source}: dtype={values['dtype']!r} is not a torch dtype")
-        if "head_dim" not in values:  # older configs leave it implicit
-            values["head_dim"] = raw["hidden_size"] // raw["num_attention_heads"]
-        config = cls(**values)
-        if config.num_attention_heads % config.num_key_value_heads:
-            raise CheckpointError(
-                f"{source}: num_attention_heads={config.num_attention_heads} is not a multiple "
-                f"of num_key_value_heads={config.num_key_value_heads}"
-            )
-        return config
+        """Build a config from `config.json`, refusing by name every field whose meaning we do not implement."""
+        return cls(**checkpoint.qwen3_fields(raw, source, [f.name for f in fields(cls)]))
 
     def to_dict(self) -> dict:
         """The fields of an official Qwen3 `config.json`."""
-        return {
-            "architectures": ["Qwen3ForCausalLM"],
-            "model_type": "qwen3",
-            "hidden_act": "silu",
-            **asdict(self),
-            "rope_scaling": None,
-            "sliding_window": None,
-            "use_sliding_window": False,
-            "layer_types": ["full_attention"] * self.num_hidden_layers,
-        }
-
-
-REQUIRED_FIELDS = {
-    "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-    "num_attention_heads", "num_key_value_heads",
-}
+        return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_act": "silu", **asdict(self),
+                "rope_scaling": None, "sliding_window": None, "use_sliding_window": False,
+                "layer_types": ["full_attention"] * self.num_hidden_layers}
 
 
 # ------------------------------------------------------------------ building blocks
@@ -274,11 +242,7 @@ class KVCache:
         return attend(q, k, v, prepared)
 
     def compact(self, sources: torch.Tensor, first: int) -> None:
-        """Move the keys and values at slots `sources` (n,) to the contiguous slots first, ..., first + n - 1.
-
-        The slots read are gathered before any is written, so sources and destinations
-        may overlap. Nothing is committed: the caller extends the cache over them.
-        """
+        """Move the entries at slots `sources` (n,) to slots first..first + n - 1 (gathered first: they may overlap)."""
         destinations = torch.arange(first, first + len(sources), device=sources.device)
         for buffer in self.keys + self.values:
             buffer.index_copy_(2, destinations, buffer.index_select(2, sources))
@@ -303,10 +267,9 @@ class KVCache:
 def causal_mask(positions: torch.Tensor, num_keys: int, key_padding: torch.Tensor | None = None) -> torch.Tensor:
     """True where a query at `positions[i]` may attend to key slot j: j <= positions[i].
 
-    Masking by position rather than by "what was written" is what lets a compiled
-    pass read the whole buffer: every slot beyond the query is hidden, whatever
-    stale or unwritten values it holds. `key_padding` (batch, >= num_keys), True
-    for real tokens, hides left-padding in batched generation.
+    Masking by position, not by what was written, lets a compiled pass read the whole
+    buffer: every slot past the query is hidden, whatever it holds. `key_padding`
+    (batch, >= num_keys), True for real tokens, hides left-padding in batched generation.
     """
     key_positions = torch.arange(num_keys, device=positions.device)
     mask = key_positions[None, :] <= positions[:, None]  # (seq, keys)
@@ -321,11 +284,9 @@ def causal_mask(positions: torch.Tensor, num_keys: int, key_padding: torch.Tenso
 def chunk_mask_over_cache(slots: torch.Tensor, chunk_mask: torch.Tensor, num_keys: int) -> torch.Tensor:
     """True where query i of a chunk written at `slots` (seq,) may attend to key slot j.
 
-    Every query sees every committed slot (those before the chunk's first slot) and,
-    within the chunk, what `chunk_mask` (seq, seq) allows: query i sees the key of
-    chunk entry j where chunk_mask[i, j]. A draft tree is such a chunk, with each
-    node seeing its ancestors and itself. Like `causal_mask`, it depends on tensors
-    only, so a compiled pass reading the whole buffer keeps one graph.
+    Every query sees the committed slots (before the chunk's first) and, within the
+    chunk, entry j where chunk_mask[i, j]: a draft tree's nodes see their ancestors
+    and themselves. It depends on tensors only, so a compiled pass keeps one graph.
     """
     key_slots = torch.arange(num_keys, device=slots.device)
     committed = key_slots[None, :] < slots[0]  # (1, keys): the context before the chunk
@@ -347,10 +308,8 @@ class Qwen3(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
-        if config.tie_word_embeddings:
-            self.lm_head = None  # logits use embed_tokens.weight
-        else:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        tied = config.tie_word_embeddings  # then the logits use embed_tokens.weight
+        self.lm_head = None if tied else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
 
     @property
     def head_weight(self) -> torch.Tensor:
@@ -374,21 +333,14 @@ class Qwen3(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run the model on input_ids (batch, seq); return (hidden states, captured features).
 
-        The hidden states (batch, seq, hidden) are after the final norm: `logits()` of
-        the rows a caller needs gives their next-token scores. The features are the
-        hidden states after `capture_layers` (0-based, repeats allowed), concatenated in
-        the order asked: (batch, seq, len(layers) * hidden), or None; the last layer's
-        comes after the final norm, as the official `hidden_states[-1]` does.
-
-        - `positions` (seq,): absolute positions, shared by the batch (also the cache
-          slots written); default: right after what the cache has committed. The
-          forward never commits: the caller moves `cache.length` once it knows what to keep.
-        - `slots`, `chunk_mask` (a draft tree): write token i at cache slot `slots[i]`,
-          and let it see the committed slots plus the chunk entries `chunk_mask` (seq, seq)
-          allows (`chunk_mask_over_cache`). Tree nodes of one depth share a position.
-        - `key_padding` (batch, keys): False for left-padding keys of batched prompts.
-        - `last_layer`: stop after this layer (for callers that only read features);
-          the hidden states are then that layer's output, not normed.
+        The hidden states (batch, seq, hidden) are after the final norm: `logits()` of the
+        rows a caller needs scores their next token. The features are the outputs of
+        `capture_layers` (repeats allowed) side by side, (batch, seq, n * hidden), or None;
+        the last layer's is after the final norm, as the official `hidden_states[-1]`.
+        `positions` (seq,) are also the cache slots written, by default right after what
+        the cache has committed; the forward never commits. A draft tree writes token i at
+        slot `slots[i]` and sees what `chunk_mask` (seq, seq) allows. `key_padding` (batch,
+        keys) hides left-padding; `last_layer` stops early (its output is then not normed).
         """
         batch, seq = input_ids.shape
         if positions is None:

@@ -15,10 +15,10 @@ ROOT = Path(__file__).resolve().parents[1]
 WEIGHTS = ROOT / "weights"
 torch.set_num_threads(1)
 
-ENDINGS = {  # prompts ending in a newline, a space, and half an identifier
-    "newline": "import os\n\ndef fibonacci(n):\n",
-    "space": "import os\n\ndef fibonacci(n): ",
-    "half identifier": "import os\n\ndef fibonacci(n):\n    retu",
+ENDINGS = {  # raw prompts ending in a newline, a space, and half a word (the demo's chat prompts are not healed)
+    "newline": "Mia has 14 apples. She buys 9 more.\n",
+    "space": "Mia has 14 apples. She buys 9 more. How many ",
+    "half word": "Mia has 14 apples. She buys 9 more. How ma",
 }
 
 
@@ -44,7 +44,7 @@ def test_the_last_token_is_dropped_and_every_choice_extends_it(demo, ending):
 @pytest.mark.parametrize("ending", ENDINGS)
 def test_both_loops_agree_and_restore_the_dropped_text(demo, ending):
     target, drafter, tokenizer = demo
-    ids, choices = encode_for_generation(Prompt("test", text=ENDINGS[ending]), tokenizer)
+    ids, choices = encode_for_generation(Prompt("test", text=ENDINGS[ending]), tokenizer, chat=False)
     plain = generate_autoregressive(target, ids, 32, first_token_choices=choices)
     fast = generate_dflash(target, drafter, ids, 32, first_token_choices=choices)
     assert fast.new_ids == plain.new_ids and plain.new_ids[0] in choices
@@ -54,7 +54,7 @@ def test_both_loops_agree_and_restore_the_dropped_text(demo, ending):
 
 def test_nothing_to_heal_keeps_the_prompt(demo):
     _, _, tokenizer = demo
-    ids = tokenizer.encode("x = 1\n    ")  # ends in the longest token of its kind
+    ids = tokenizer.encode("The answer is 23.")  # ends in a token no longer token starts with
     healed, choices = tokenizer.heal(ids)
     assert choices is None or healed == ids[:-1]
     assert tokenizer.heal(ids[:1]) == (ids[:1], None)  # a one-token prompt cannot lose its token
@@ -64,8 +64,11 @@ def test_only_raw_text_is_healed(demo):
     _, _, tokenizer = demo
     as_ids = encode_for_generation(Prompt("test", ids=[5, 6, 7]), tokenizer)
     assert as_ids == ([5, 6, 7], None)
-    kept = encode_for_generation(Prompt("test", text="def f(x):\n"), tokenizer, token_healing=False)
-    assert kept[1] is None and kept[0] == tokenizer.encode("def f(x):\n")
+    kept = encode_for_generation(Prompt("test", text="Mia has 14 apples.\n"), tokenizer, chat=False,
+                                 token_healing=False)
+    assert kept[1] is None and kept[0] == tokenizer.encode("Mia has 14 apples.\n")
+    chat = encode_for_generation(Prompt("test", text="Mia has 14 apples.\n"), tokenizer)  # the demo is a chat model
+    assert chat[1] is None and chat[0] == tokenizer.encode_chat([{"role": "user", "content": "Mia has 14 apples.\n"}])
 
 
 def test_chat_prompts_are_not_healed():

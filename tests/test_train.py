@@ -28,7 +28,7 @@ from dflash.train_kernels import AnchoredBlocks
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
 TINY = FIXTURES / "qwen3-tiny"
-DEMO = ROOT / "weights" / "tiny-qwen3"  # the demo target: a real tokenizer, trained on code
+DEMO = ROOT / "weights" / "tiny-qwen3"  # the demo target: a real chat tokenizer, trained on word problems
 
 
 # ----------------------------------------------------------------- mask and labels
@@ -295,17 +295,17 @@ def test_make_data_batched_equals_one_by_one_and_resumes(tmp_path):
 
 
 def test_make_data_heals_raw_prompts_as_inference_does(tmp_path):
-    """A raw prompt ending mid-token ("\n" before the body's indentation) loses that token, and the answer's
+    """A raw prompt ending mid-token (a final "\n", half a word) loses that token, and the answer's
     first token writes it again, as generate.py heals it; batched rows, healed or not, equal one by one."""
-    texts = ["def add(a, b):\n", "class Config:\n    def __init__(self):\n", "x = compute(1, 2"]
+    texts = ["Mia has 14 apples.\n", "Leo buys 3 pens. He pays 20 dollars.\n", "How many apples does Mia ha"]
     path = prompts_file(tmp_path / "prompts.jsonl", {"prompt": texts[0]}, {"prompt_ids": [5, 6, 7, 8]},
                         *({"prompt": text} for text in texts[1:]))
     out = tmp_path / "data.jsonl"
-    assert make_data.main(make_data_argv(path, out, target=DEMO)) == 0  # batches of 3: healed and not, mixed
+    assert make_data.main(make_data_argv(path, out, "--raw", target=DEMO)) == 0  # batches of 3: healed and not
     tokenizer, target = load_tokenizer(DEMO), Qwen3.from_pretrained(DEMO)
     records = sorted((json.loads(line) for line in out.read_text().splitlines()), key=lambda r: r["index"])
     for record, prompt in zip(records, read_prompts(path), strict=True):
-        ids, choices = encode_for_generation(prompt, tokenizer)
+        ids, choices = encode_for_generation(prompt, tokenizer, chat=False)
         alone = generate.generate_autoregressive(target, ids, 10, stop_ids=tokenizer.stop_token_ids,
                                                  first_token_choices=choices).new_ids
         assert record["input_ids"] == ids + alone
@@ -316,7 +316,7 @@ def test_make_data_heals_raw_prompts_as_inference_does(tmp_path):
     assert tokenizer.decode(records[0]["input_ids"][len(healed):][:1]).startswith("\n")
     assert tokenizer.decode(records[0]["input_ids"]).startswith(texts[0])
     unhealed = tmp_path / "unhealed.jsonl"
-    assert make_data.main(make_data_argv(path, unhealed, "--no-token-healing", target=DEMO)) == 0
+    assert make_data.main(make_data_argv(path, unhealed, "--raw", "--no-token-healing", target=DEMO)) == 0
     first = json.loads(unhealed.read_text().splitlines()[0])
     assert first["input_ids"][:len(healed) + 1] == tokenizer.encode(texts[0]) and first["loss_mask"][len(healed)] == 0
 
