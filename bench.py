@@ -843,7 +843,7 @@ def build_parser() -> argparse.ArgumentParser:
                       formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=WEIGHTS / "tiny-qwen3")
     p.add_argument("--draft", type=Path, default=WEIGHTS / "tiny-qwen3-dflash")
-    p.add_argument("--prompts", type=Path, default=WEIGHTS / "heldout_prompts.jsonl")
+    p.add_argument("--prompts", type=Path, default=WEIGHTS / "heldout_problems.jsonl")
     p.add_argument("--block-sizes", type=int, nargs="+", default=None, help="default: the drafter's")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0])
     p.add_argument("--trees", type=int, nargs="+", default=[], metavar="N",

@@ -65,12 +65,8 @@ class Distributed:
             dist.all_reduce(tensor)
         return tensor
 
-    def any(self, flag: bool) -> bool:
-        """True on every process if it is True on one (e.g. one ran out of time)."""
-        return bool(self.sum(torch.tensor([float(flag)], device=self.device)).item())
-
     def any_of(self, *flags: bool) -> list[bool]:
-        """`any` for several flags at once: one collective call instead of one per flag."""
+        """For each flag, True on every process if it is True on one (e.g. one ran out of time): one collective call."""
         pooled = self.sum(torch.tensor([float(flag) for flag in flags], device=self.device))
         return [bool(value) for value in pooled.tolist()]
 
