@@ -75,7 +75,8 @@ def learning_rate(done: float, peak: float, warmup: float) -> float:
 
 
 def next_token_loss(model: Qwen3, windows: torch.Tensor) -> torch.Tensor:
-    logits = model(windows[:, :-1])  # (batch, length, vocab)
+    hidden, _ = model(windows[:, :-1])  # (batch, length, hidden)
+    logits = model.logits(hidden)  # (batch, length, vocab)
     return F.cross_entropy(logits.flatten(0, 1), windows[:, 1:].flatten())
 
 
