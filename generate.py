@@ -564,10 +564,10 @@ def generate_dflash_tree(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[i
 
 EXAMPLES = """\
 examples:
-  python generate.py --prompt "Mia has 14 apples. She buys 9 more. How many apples does she have now?"
-  python generate.py --prompt "A baker makes 6 trays of 12 muffins and sells 20. How many are left?" --compare
-  python generate.py --prompt "Leo buys 3 pens at 4 dollars each and pays with 20 dollars. How much change does he get?" --tree 32
-  python generate.py --prompt "Tom has 7 cards. Ana has twice as many. How many do they have?" --temperature 0.7
+  python generate.py --prompt "Mia has 14 apples. She buys 9 more. How many apples are there now?"
+  python generate.py --prompt "There are 6 trays with 12 muffins in each. The baker sells 20 of the muffins and then gets 5 more. How many muffins are there now?" --compare
+  python generate.py --prompt "Leo buys 3 pens that cost 4 dollars each. He pays with 20 dollars. How much change does Leo get?" --compare --tree 32
+  python generate.py --prompt "Tom has 7 cards. Ana has twice as many cards as Tom. How many cards does Ana have?" --temperature 0.7
   python generate.py --model weights/Qwen3-8B --draft weights/Qwen3-8B-DFlash-b16 --prompt "Explain KV caches."
   python generate.py --prompt-ids 1,2,3 --model tests/fixtures/qwen3-tiny-sharded \\
       --draft tests/fixtures/dflash-tiny --json

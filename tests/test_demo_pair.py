@@ -65,7 +65,7 @@ def test_greedy_dflash_is_lossless_correct_and_drafts_on_heldout_problems(pair):
 
 
 def test_the_default_command_answers_a_word_problem():
-    question = "Mia has 14 apples. She buys 9 more. How many apples does she have now?"
+    question = "Mia has 14 apples. She buys 9 more. How many apples are there now?"
     result = subprocess.run([sys.executable, "generate.py", "--prompt", question], cwd=ROOT, capture_output=True,
                             text=True, timeout=300, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
     assert result.returncode == 0, result.stderr

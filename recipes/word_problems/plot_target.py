@@ -48,7 +48,7 @@ def read_curves(log_paths: list[Path]) -> tuple[dict[str, tuple[list[int], list[
 def plot(curves: dict, boundaries: list[int], out: Path, title: str) -> None:
     figure, axes = plt.subplots(figsize=(7, 4.2), dpi=120)
     axes.plot(*curves["train_loss"], label="train (mean of logged steps)", color="tab:blue", alpha=0.6, lw=1)
-    axes.plot(*curves["heldout_loss"], label="held-out files", color="tab:orange", marker="o", ms=3, lw=1.5)
+    axes.plot(*curves["heldout_loss"], label="held-out problems", color="tab:orange", marker="o", ms=3, lw=1.5)
     for index, step in enumerate(boundaries):
         axes.axvline(step, color="grey", ls="--", lw=1, label="next phase begins" if index == 0 else None)
     axes.set_xlabel("optimizer step")
