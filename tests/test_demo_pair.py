@@ -28,9 +28,9 @@ WEIGHTS = ROOT / "weights"
 PROBLEMS = 8  # the first held-out problems of weights/heldout_problems.jsonl
 NEW_TOKENS = 96
 # Floors under what the shipped pair measured on these 8 problems (CPU, greedy, block 16),
-# so that a regression fails: 8/8 correct, pooled tau 9.1, mean distinct-4-gram ratio 0.99.
+# so that a regression fails: 8/8 correct, pooled tau 6.36, mean distinct-4-gram ratio 0.95.
 MIN_CORRECT = 7
-MIN_TAU = 6.0
+MIN_TAU = 5.5
 MIN_DISTINCT_4GRAMS = 0.8
 
 
