@@ -80,8 +80,9 @@ def qwen3_fields(raw: dict, source: str, names: list[str]) -> dict:
         raise CheckpointError(f"{source}: missing required field(s) {', '.join(sorted(missing))}")
     values = {name: raw[name] for name in names if name in raw}
     values["dtype"] = raw.get("dtype") or raw.get("torch_dtype") or "float32"
-    if rope_theta(raw, source) is not None:
-        values["rope_theta"] = rope_theta(raw, source)
+    theta = rope_theta(raw, source)
+    if theta is not None:
+        values["rope_theta"] = theta
     if not isinstance(getattr(torch, values["dtype"], None), torch.dtype):
         raise CheckpointError(f"{source}: dtype={values['dtype']!r} is not a torch dtype")
     if "head_dim" not in values:  # older configs leave it implicit

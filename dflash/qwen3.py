@@ -106,9 +106,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     """Softmax attention of q (batch, heads, seq, d) over k, v (batch, kv_heads, keys, d) -> (batch, heads, seq, d).
 
     `mask` (..., seq or 1, keys) is True where a query may look. Query head h reads
-    key/value head h // (heads // kv_heads): SDPA's `enable_gqa` does that without
-    copying keys and values, and on this project's CPU it was the fastest of the three
-    ways measured (against stacking the query groups, or repeating the keys).
+    key/value head h // (heads // kv_heads): SDPA's `enable_gqa` does that without copying
+    keys and values, the fastest of three ways measured here (stacking query groups, repeating keys).
     """
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
@@ -360,9 +359,12 @@ class Qwen3(nn.Module):
         last = len(self.layers) - 1 if last_layer is None else last_layer
         for index, layer in enumerate(self.layers[:last + 1]):
             x = layer(x, cos, sin, mask, cache, index, slots, num_keys)
-            captured[index] = x
+            if index in capture_layers:  # only these are kept alive: a long prefill holds no other layer's output
+                captured[index] = x
         if last == len(self.layers) - 1:
-            x = captured[last] = self.norm(x)  # the official hidden_states[-1] is after the final norm
+            x = self.norm(x)  # the official hidden_states[-1] is after the final norm
+            if last in captured:
+                captured[last] = x
         features = torch.cat([captured[i] for i in capture_layers], dim=-1) if capture_layers else None
         return x, features  # (batch, seq, hidden), (batch, seq, n * hidden)
 
