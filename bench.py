@@ -73,8 +73,8 @@ from dflash.cli import (PROMPT_FORMAT, OneLineErrors, UsageError, add_device_opt
                         stop_token_ids)
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
-from generate import (WEIGHTS, Generation, ModelRunner, generate_autoregressive, generate_dflash, generate_dflash_tree,
-                      synchronize)
+from generate import (WEIGHTS, Generation, ModelRunner, acceptance_histogram, generate_autoregressive, generate_dflash,
+                      generate_dflash_tree, keep_only, per_position_acceptance, synchronize)
 
 NGRAM = 4  # repetition is judged on 4-grams of token ids
 DEGENERATE_BELOW = 0.3  # a distinct-4-gram ratio under this is a degenerate (repetitive) output
@@ -114,27 +114,6 @@ def accuracy(runs: Sequence["Run"]) -> float | None:
 def pooled_tau(acceptance_lengths: Sequence[int]) -> float | None:
     """Mean tokens committed per verify pass over the steps of many runs (None without a step)."""
     return sum(acceptance_lengths) / len(acceptance_lengths) if acceptance_lengths else None
-
-
-def acceptance_histogram(acceptance_lengths: Sequence[int], block_size: int) -> list[int]:
-    """How many steps accepted 1, 2, ..., block_size tokens."""
-    return [sum(1 for length in acceptance_lengths if length == accepted) for accepted in range(1, block_size + 1)]
-
-
-def per_position_acceptance(acceptance_lengths: Sequence[int], block_size: int) -> list[float | None]:
-    """For draft slots k = 1..block_size-1: how often slot k was kept, given slot k-1 was.
-
-    A block is [last token, draft 1, ..., draft B-1]; slot 0 is not a guess. A step of
-    acceptance length L kept the drafts of slots 1..L-1 and, if L < B, rejected slot
-    L; the slots after L were never judged. So slot k was reached in the steps with
-    L >= k and kept in those with L > k. None for a slot no step reached.
-    """
-    rates = []
-    for slot in range(1, block_size):
-        reached = sum(1 for length in acceptance_lengths if length >= slot)
-        kept = sum(1 for length in acceptance_lengths if length > slot)
-        rates.append(kept / reached if reached else None)
-    return rates
 
 
 def ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -520,9 +499,7 @@ def time_transformers(model_dir: Path, prompts: Sequence[BenchPrompt], max_new_t
         def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
             if input_ids.shape[1] != self.prompt_length:
                 return scores
-            allowed = torch.full_like(scores, float("-inf"))
-            allowed[:, self.choices] = 0.0
-            return scores + allowed
+            return keep_only(scores, self.choices)
 
     stop = dict(eos_token_id=list(stop_ids), pad_token_id=stop_ids[0]) if stop_ids else {}
 

@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from dflash.cli import (OneLineErrors, Prompt, UsageError, add_device_options, add_prompt_options, encode_for_generation,
+from dflash.cli import (OneLineErrors, Prompt, UsageError, add_device_options, add_prompt_options, encode_for_generation, int_list,
                         find_tokenizer, pick_device, pick_dtype, run_cli, stop_token_ids)
 from dflash.drafter import Drafter
 from dflash.flex_reads import FilledBlocksCache
@@ -74,6 +74,13 @@ def sample(logits: torch.Tensor, temperature: float = 0.0, generator: torch.Gene
     return picks.squeeze(-1).clamp_(max=probs.shape[-1] - 1)  # (...); the clamp guards a u rounded up to the sum
 
 
+def keep_only(logits: torch.Tensor, allowed: Sequence[int]) -> torch.Tensor:
+    """Logits (..., vocab) with every token outside `allowed` at -inf: token healing's first token."""
+    mask = torch.full_like(logits, float("-inf"))
+    mask[..., list(allowed)] = 0.0
+    return logits + mask
+
+
 # ---------------------------------------------------------------------- the result
 
 
@@ -114,8 +121,28 @@ class Generation:
         return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
 
     def histogram(self, block_size: int) -> list[int]:
-        """How many steps accepted 1, 2, ..., block_size tokens."""
-        return [self.acceptance_lengths.count(length) for length in range(1, block_size + 1)]
+        return acceptance_histogram(self.acceptance_lengths, block_size)
+
+
+def acceptance_histogram(acceptance_lengths: Sequence[int], block_size: int) -> list[int]:
+    """How many steps accepted 1, 2, ..., block_size tokens."""
+    return [sum(1 for length in acceptance_lengths if length == accepted) for accepted in range(1, block_size + 1)]
+
+
+def per_position_acceptance(acceptance_lengths: Sequence[int], block_size: int) -> list[float | None]:
+    """For draft slots k = 1..block_size-1: how often slot k was kept, given slot k-1 was.
+
+    A block is [last token, draft 1, ..., draft B-1]; slot 0 is not a guess. A step of
+    acceptance length L kept the drafts of slots 1..L-1 and, if L < B, rejected slot
+    L; the slots after L were never judged. So slot k was reached in the steps with
+    L >= k and kept in those with L > k. None for a slot no step reached.
+    """
+    rates = []
+    for slot in range(1, block_size):
+        reached = sum(1 for length in acceptance_lengths if length >= slot)
+        kept = sum(1 for length in acceptance_lengths if length > slot)
+        rates.append(kept / reached if reached else None)
+    return rates
 
 
 class Output:
@@ -307,9 +334,7 @@ class ModelRunner:
         self.target_cache.extend(n)
         logits = self.target.logits(hidden[0, -1])  # (vocab,)
         if first_token_choices is not None:
-            allowed = torch.full_like(logits, float("-inf"))
-            allowed[torch.tensor(list(first_token_choices), device=logits.device)] = 0.0
-            logits = logits + allowed  # every other token gets probability 0
+            logits = keep_only(logits, first_token_choices)
         return sample(logits, temperature, generator).item(), features
 
     def decode(self, token: int, temperature: float, generator: torch.Generator | None) -> int:
@@ -584,7 +609,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineErrors(description="Generate with a Qwen3 target, sped up by a DFlash drafter.",
                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--prompt", help="the prompt text")
-    p.add_argument("--prompt-ids", help="the prompt as token ids, e.g. 1,2,3 (needs no tokenizer)")
+    p.add_argument("--prompt-ids", type=int_list, help="the prompt as token ids, e.g. 1,2,3 (needs no tokenizer)")
     p.add_argument("--model", type=Path, default=WEIGHTS / "tiny-qwen3", help="target checkpoint folder")
     p.add_argument("--draft", type=Path, default=WEIGHTS / "tiny-qwen3-dflash", help="drafter checkpoint folder")
     p.add_argument("--no-draft", action="store_true", help="plain autoregressive decoding only")
@@ -606,16 +631,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_prompt_ids(text: str) -> list[int]:
-    try:
-        return [int(piece) for piece in text.split(",") if piece.strip()]
-    except ValueError:
-        raise UsageError(f"--prompt-ids must be comma-separated integers, got {text!r}") from None
-
-
 def command_line_prompt(args) -> Prompt:
     if args.prompt_ids is not None:
-        return Prompt("--prompt-ids", ids=parse_prompt_ids(args.prompt_ids))
+        return Prompt("--prompt-ids", ids=args.prompt_ids)
     if args.prompt is None:
         raise UsageError("give a prompt with --prompt TEXT or --prompt-ids 1,2,3")
     return Prompt("--prompt", text=args.prompt)

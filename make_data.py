@@ -45,7 +45,7 @@ from dflash.cli import (PROMPT_FORMAT, OneLineErrors, UsageError, add_device_opt
                         encode_for_generation, find_tokenizer, parse_json_line, pick_device, pick_dtype, read_prompts,
                         run_cli, stop_token_ids)
 from dflash.qwen3 import Qwen3
-from generate import sample
+from generate import keep_only, sample
 
 # ------------------------------------------------------------------------- the prompts
 
@@ -129,12 +129,8 @@ def restrict_first_tokens(logits: torch.Tensor, choices: Sequence[list[int] | No
     An additive mask, 0 where a row's token may go and -inf elsewhere, so that every
     other token gets probability 0; a row without choices (nothing to heal) stays as it is.
     """
-    mask = torch.zeros_like(logits)  # (batch, vocab)
-    for row, allowed in enumerate(choices):
-        if allowed is not None:
-            mask[row] = float("-inf")
-            mask[row, allowed] = 0.0
-    return logits + mask
+    return torch.stack([row if allowed is None else keep_only(row, allowed)
+                        for row, allowed in zip(logits, choices)])  # (batch, vocab)
 
 
 # ------------------------------------------------------------- the resumable output

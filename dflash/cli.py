@@ -261,6 +261,14 @@ def encode_for_generation(prompt: Prompt, tokenizer: Tokenizer | None, chat: boo
     return ids, None
 
 
+def int_list(text: str) -> list[int]:
+    """An option's `1,9,17` as [1, 9, 17] (argparse `type=`, so a bad value is argparse's one-line error)."""
+    try:
+        return [int(piece) for piece in text.split(",") if piece.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
 def check_token_ids(ids: Sequence[int], vocab_size: int, where: str) -> None:
     """Refuse ids the model has no embedding for, naming the first one."""
     outside = [token for token in ids if not 0 <= token < vocab_size]

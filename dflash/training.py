@@ -41,7 +41,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dflash.checkpoint import write_atomically
-from dflash.cli import UsageError, pick_device
+from dflash.cli import UsageError, int_list, pick_device
 
 # ------------------------------------------------------------------------ placement
 
@@ -321,12 +321,4 @@ def option_type(hint) -> Callable[[str], object]:
     """How a field's option reads its value: `int | None` as an int, `list[int]` as 1,2,3."""
     if isinstance(hint, types.UnionType):  # X | None: optional, read as X
         hint = next(kind for kind in typing.get_args(hint) if kind is not type(None))
-    return integer_list if hint == list[int] else hint
-
-
-def integer_list(text: str) -> list[int]:
-    """Read `1,9,17` as [1, 9, 17]."""
-    try:
-        return [int(piece) for piece in text.split(",") if piece.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    return int_list if hint == list[int] else hint

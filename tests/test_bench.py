@@ -8,8 +8,9 @@ import pytest
 import torch
 
 import bench
-from bench import (BenchPrompt, Loops, Run, acceptance_histogram, distinct_ngram_ratio, efficiency, ideal_speedup,
-                   is_degenerate, loop_figures, per_position_acceptance, pooled_tau, summarize_row)
+from generate import acceptance_histogram, per_position_acceptance
+from bench import (BenchPrompt, Loops, Run, distinct_ngram_ratio, efficiency, ideal_speedup,
+                   is_degenerate, loop_figures, pooled_tau, summarize_row)
 from dflash.cli import UsageError
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
