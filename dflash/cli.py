@@ -168,6 +168,12 @@ def parse_json_line(line: str, where: str):
         raise UsageError(f"{where}: not valid JSON ({err.msg})") from None
 
 
+def jsonl_records(path: Path, what: str) -> Iterator[tuple[str, object]]:
+    """("file:line", parsed JSON) for every non-blank line of a JSONL file; errors name the line."""
+    for where, line in numbered_lines(path, what):
+        yield where, parse_json_line(line, where)
+
+
 def parse_prompt(record, where: str) -> Prompt:
     """Check one parsed line against the prompt format and say precisely what is wrong."""
     if isinstance(record, str):
