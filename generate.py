@@ -11,8 +11,8 @@ Three loops share everything but their inner step:
   distributions grow a tree of guesses (`dflash/tree.py`); the target checks every
   node in one pass, and the longest path it agrees with is kept.
 
-Reading order: sampling, the result, the `ModelRunner` (the caches and the
-fixed-shape forward passes), the loops, and the command line.
+Reading order: sampling, the result, the passes and the `ModelRunner` (caches,
+buffers), the loops, and the command line.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from typing import Callable, Sequence
 
 import torch
 
-from dflash.cli import (OneLineErrors, Prompt, UsageError, add_device_options, add_prompt_options, encode_for_generation, int_list,
-                        find_tokenizer, pick_device, pick_dtype, run_cli, stop_token_ids)
+from dflash.cli import (OneLineErrors, Prompt, UsageError, add_device_options, add_prompt_options,
+                        encode_for_generation, find_tokenizer, int_list, pick_device, pick_dtype, run_cli,
+                        stop_token_ids)
 from dflash.drafter import Drafter
 from dflash.flex_reads import FilledBlocksCache
 from dflash.qwen3 import KVCache, Qwen3
@@ -44,6 +45,54 @@ OnToken = Callable[[int, bool], None]  # (token id, came from an accepted draft)
 # ------------------------------------------------------------------------- sampling
 
 
+@dataclass(frozen=True)
+class Sampling:
+    """How a token is drawn from logits: argmax at temperature 0, else from the tempered
+    softmax cut down as Qwen3's `generation_config.json` asks (top-k, then top-p, then min-p)."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # keep the k likeliest tokens (0: all)
+    top_p: float = 1.0  # keep the likeliest tokens until their probabilities sum to top_p
+    min_p: float = 0.0  # keep the tokens at least min_p times as likely as the likeliest
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise UsageError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise UsageError(f"top-k must be >= 0 (0: no limit), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise UsageError(f"top-p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise UsageError(f"min-p must be in [0, 1], got {self.min_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """The distribution (..., vocab) a token is drawn from, in float64 (exact sums over 150,000 tokens)."""
+        probs = torch.softmax(logits.double() / self.temperature, dim=-1)  # (..., vocab)
+        if self.top_k:
+            kth = probs.topk(min(self.top_k, probs.shape[-1]), dim=-1).values[..., -1:]  # (..., 1)
+            probs = probs.where(probs >= kth, 0.0)
+        if self.top_p < 1:
+            ranked, order = probs.sort(dim=-1, descending=True)  # (..., vocab) each
+            likelier = ranked.cumsum(dim=-1) - ranked  # the mass of the tokens ranked above each one
+            ranked = ranked.where(likelier < self.top_p * ranked.sum(dim=-1, keepdim=True), 0.0)
+            probs = torch.zeros_like(probs).scatter(-1, order, ranked)
+        if self.min_p:
+            probs = probs.where(probs >= self.min_p * probs.amax(dim=-1, keepdim=True), 0.0)
+        return probs / probs.sum(dim=-1, keepdim=True)
+
+
+GREEDY = Sampling()
+
+
+def as_sampling(sampling: Sampling | float) -> Sampling:
+    """A bare number is a temperature: `sample(logits, 0.7)` reads as it should."""
+    return sampling if isinstance(sampling, Sampling) else Sampling(sampling)
+
+
 def argmax(logits: torch.Tensor) -> torch.Tensor:
     """The index of the largest logit in each row (..., vocab) -> (...), the first one on a tie.
 
@@ -52,26 +101,25 @@ def argmax(logits: torch.Tensor) -> torch.Tensor:
     return logits.max(dim=-1).indices
 
 
-def sample(logits: torch.Tensor, temperature: float = 0.0, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Pick one token per row of logits (..., vocab) -> (...): argmax at temperature 0, else softmax(logits / T).
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row of probabilities (..., vocab) -> (...), by inverse-CDF sampling.
 
-    Both loops call this one function, so the speculative loop samples from exactly
-    the distribution the plain loop samples from.
-
-    The draw is inverse-CDF sampling: one uniform number u per row, and the first
-    token whose running probability sum passes u. A token of probability 0 adds
-    nothing to the sum, so it is never the first to pass. It is exact, and one
-    cumulative sum costs far less than `torch.multinomial` on the CPU.
+    One uniform number per row, and the first token whose running sum passes it: a
+    token of probability 0 adds nothing to the sum, so it is never picked. Exact, and
+    one cumulative sum costs far less than `torch.multinomial` on the CPU.
     """
-    if temperature == 0:
-        return argmax(logits)
-    # float64, so that the running sum over a vocabulary of 150,000 stays exact to ~1e-12.
-    probs = torch.softmax(logits.double() / temperature, dim=-1)  # (..., vocab)
-    running = probs.cumsum(dim=-1)  # (..., vocab): running[..., -1] is 1 up to rounding
+    running = probs.cumsum(dim=-1)  # (..., vocab)
     u = torch.rand(running.shape[:-1] + (1,), dtype=running.dtype, device=running.device, generator=generator)
-    u = u * running[..., -1:]  # (..., 1): uniform over [0, the sum)
-    picks = torch.searchsorted(running, u, right=True)  # (..., 1): the first index with running > u
+    picks = torch.searchsorted(running, u * running[..., -1:], right=True)  # (..., 1): first running sum > u
     return picks.squeeze(-1).clamp_(max=probs.shape[-1] - 1)  # (...); the clamp guards a u rounded up to the sum
+
+
+def sample(logits: torch.Tensor, sampling: Sampling | float = GREEDY,
+           generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of logits (..., vocab) -> (...). Both loops draw through here, so the
+    speculative loop samples from exactly the distribution the plain loop samples from."""
+    sampling = as_sampling(sampling)
+    return argmax(logits) if sampling.greedy else draw(sampling.probs(logits), generator)
 
 
 def keep_only(logits: torch.Tensor, allowed: Sequence[int]) -> torch.Tensor:
@@ -81,27 +129,79 @@ def keep_only(logits: torch.Tensor, allowed: Sequence[int]) -> torch.Tensor:
     return logits + mask
 
 
+def verdicts(target_probs: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor | None,
+             generator: torch.Generator | None) -> torch.Tensor:
+    """The token the target commits after each slot (block,); a draft is kept where it equals it.
+
+    A greedy draft d (a one-hot proposal) is kept when the target's own draw equals it:
+    probability p(d), and a rejection commits that draw, p conditioned on "not d". A draft
+    sampled from the drafter's q (the first `len(draft_probs)` slots) is kept with
+    probability min(1, p(d)/q(d)) and otherwise replaced by a draw from max(0, p - q),
+    which never holds d. Both are rejection sampling: every committed token follows p.
+    """
+    tokens = draw(target_probs, generator)  # (block,): the target's own draw after every slot
+    if draft_probs is None:
+        return tokens
+    n = draft_probs.shape[0]  # the sampled slots
+    guess = drafts[:n, None]  # (n, 1)
+    p, q = target_probs[:n].gather(1, guess)[:, 0], draft_probs.gather(1, guess)[:, 0]  # (n,) each
+    keep = torch.rand(n, dtype=p.dtype, device=p.device, generator=generator) * q < p
+    residual = draw((target_probs[:n] - draft_probs).clamp(min=0.0), generator)  # (n,)
+    tokens[:n] = torch.where(keep, drafts[:n], residual)
+    return tokens
+
+
+def sampled_slots(policy: str, block_size: int, sampling: Sampling) -> int:
+    """How many leading draft slots `policy` samples from the drafter (the rest are its argmax)."""
+    name, _, count = policy.partition(":")
+    if policy == "greedy":
+        return 0
+    if sampling.greedy:
+        raise UsageError(f"draft policy {policy!r} samples drafts, which needs a temperature above 0")
+    if policy == "sampled":
+        return block_size - 1
+    if name == "mixed" and count.isdigit() and 1 <= int(count) < block_size:
+        return int(count)
+    raise UsageError(f"draft policy must be greedy, sampled or mixed:K with 1 <= K < {block_size}, got {policy!r}")
+
+
 # ---------------------------------------------------------------------- the result
+
+
+def acceptance_histogram(acceptance_lengths: Sequence[int], block_size: int) -> list[int]:
+    """How many steps accepted 1, 2, ..., block_size tokens."""
+    return [sum(1 for length in acceptance_lengths if length == accepted) for accepted in range(1, block_size + 1)]
+
+
+def per_position_acceptance(acceptance_lengths: Sequence[int], block_size: int) -> list[float | None]:
+    """For draft slots k = 1..block_size-1: how often slot k was kept, given slot k-1 was.
+
+    A step of acceptance length L kept slots 1..L-1 and, if L < B, rejected slot L; later
+    slots were never judged. So slot k was reached when L >= k and kept when L > k.
+    """
+    rates = []
+    for slot in range(1, block_size):
+        reached = sum(1 for length in acceptance_lengths if length >= slot)
+        kept = sum(1 for length in acceptance_lengths if length > slot)
+        rates.append(kept / reached if reached else None)
+    return rates
 
 
 @dataclass
 class Generation:
     """What one call produced, and how fast.
 
-    Steps are counted one way for both loops: the prefill yields the first new token
-    and is not a step; every target pass after it is one step, and
-    `acceptance_lengths[i]` is how many tokens step i accepted (kept drafts + the
-    target's own token; always 1 in the plain loop). A loop stops as soon as the output
-    is full or has its stop token, so no step runs for nothing; only the last step's
-    tokens may be cut short by that limit. `seconds` covers prefill and decoding and
-    excludes the time spent in `on_token` (printing), reported as `callback_seconds`.
+    The prefill yields the first new token and is not a step; every target pass after it
+    is one, and `acceptance_lengths[i]` is how many tokens step i committed (kept drafts +
+    the target's own token; always 1 in the plain loop). `seconds` covers prefill and
+    decoding but not the time spent in `on_token` (printing), reported apart.
     """
 
     new_ids: list[int]
     acceptance_lengths: list[int]
     seconds: float
     callback_seconds: float = 0.0
-    first_token_seconds: float = 0.0  # time to the first new token: the prefill (and the first sampling)
+    first_token_seconds: float = 0.0  # the prefill and the first sampling
 
     @property
     def new_tokens(self) -> int:
@@ -113,7 +213,7 @@ class Generation:
 
     @property
     def mean_acceptance(self) -> float:
-        """tau: the mean number of tokens one verification pass accepts (1.0 without a drafter)."""
+        """tau: the mean number of tokens one verification pass commits (1.0 without a drafter)."""
         return sum(self.acceptance_lengths) / self.steps if self.steps else 0.0
 
     @property
@@ -124,68 +224,43 @@ class Generation:
         return acceptance_histogram(self.acceptance_lengths, block_size)
 
 
-def acceptance_histogram(acceptance_lengths: Sequence[int], block_size: int) -> list[int]:
-    """How many steps accepted 1, 2, ..., block_size tokens."""
-    return [sum(1 for length in acceptance_lengths if length == accepted) for accepted in range(1, block_size + 1)]
-
-
-def per_position_acceptance(acceptance_lengths: Sequence[int], block_size: int) -> list[float | None]:
-    """For draft slots k = 1..block_size-1: how often slot k was kept, given slot k-1 was.
-
-    A block is [last token, draft 1, ..., draft B-1]; slot 0 is not a guess. A step of
-    acceptance length L kept the drafts of slots 1..L-1 and, if L < B, rejected slot
-    L; the slots after L were never judged. So slot k was reached in the steps with
-    L >= k and kept in those with L > k. None for a slot no step reached.
-    """
-    rates = []
-    for slot in range(1, block_size):
-        reached = sum(1 for length in acceptance_lengths if length >= slot)
-        kept = sum(1 for length in acceptance_lengths if length > slot)
-        rates.append(kept / reached if reached else None)
-    return rates
-
-
 class Output:
-    """The committed new tokens, and the clock that times them.
+    """The committed new tokens: at most `limit`, nothing after the first stop token (kept).
 
-    At most `limit` tokens, and nothing after the first stop token (which is kept).
-    The clock runs from `start_clock` to `finish`, minus the time spent in `on_token`
-    (printing), and notes when the first token came.
+    Its clock starts at creation and leaves out the time spent in `on_token`.
     """
 
     def __init__(self, limit: int, stop_ids: Sequence[int], on_token: OnToken | None, device: torch.device):
         self.limit, self.stop_ids, self.on_token, self.device = limit, set(stop_ids), on_token, device
         self.ids: list[int] = []
-        self.stopped = False
-        self.began = self.callback_seconds = self.first_token_seconds = 0.0
+        self.acceptance_lengths: list[int] = []
+        self.callback_seconds = self.first_token_seconds = 0.0
+        synchronize(device)  # earlier queued GPU work is not ours to time
+        self.began = time.perf_counter()
 
     @property
     def done(self) -> bool:
-        return self.stopped or len(self.ids) == self.limit
-
-    def start_clock(self) -> None:
-        synchronize(self.device)  # earlier queued GPU work is not ours to time
-        self.began = time.perf_counter()
+        return len(self.ids) == self.limit or bool(self.ids) and self.ids[-1] in self.stop_ids
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.began - self.callback_seconds
 
-    def commit(self, tokens: list[int], drafted: list[bool]) -> None:
-        for token, from_draft in zip(tokens, drafted):
+    def commit(self, tokens: list[int], drafted: int = 0) -> None:
+        """Append a step's tokens, of which the first `drafted` were accepted drafts."""
+        for i, token in enumerate(tokens):
             if self.done:
                 return
             self.ids.append(token)
-            self.stopped = token in self.stop_ids
-            if len(self.ids) == 1:  # tokens arrive as Python ints: the device has already finished them
+            if len(self.ids) == 1:  # a Python int: the device has finished it
                 self.first_token_seconds = self.elapsed()
             if self.on_token is not None:
                 began = time.perf_counter()
-                self.on_token(token, from_draft)
+                self.on_token(token, i < drafted)
                 self.callback_seconds += time.perf_counter() - began
 
-    def finish(self, acceptance_lengths: list[int]) -> Generation:
+    def finish(self) -> Generation:
         synchronize(self.device)
-        return Generation(self.ids, acceptance_lengths, self.elapsed(), self.callback_seconds,
+        return Generation(self.ids, self.acceptance_lengths, self.elapsed(), self.callback_seconds,
                           self.first_token_seconds)
 
 
@@ -200,7 +275,8 @@ def synchronize(device: torch.device) -> None:
 # The forward passes after the prefill, as plain functions of the models, a cache and
 # tensors. Each has a shape that does not depend on where in the sequence it runs (one
 # token, one block, one block of context plus one block, `budget + 1` tree nodes), so
-# compiled, each compiles once per process, for every runner and prompt alike.
+# compiled, each compiles once per process, for every runner and prompt alike. Greedy,
+# they return token ids; sampling, the logits, drawn from outside the compiled graph.
 
 
 def decode_pass(target: Qwen3, cache: KVCache, token, position, greedy: bool):
@@ -209,16 +285,10 @@ def decode_pass(target: Qwen3, cache: KVCache, token, position, greedy: bool):
     return argmax(logits) if greedy else logits  # (1,) or (1, vocab)
 
 
-def verify_pass(target: Qwen3, cache: KVCache, layer_ids, ids, positions, greedy: bool):
-    hidden, features = target(ids, positions, cache, capture_layers=layer_ids)
-    logits = target.logits(hidden[0])  # (block, vocab)
-    return (argmax(logits) if greedy else logits), features  # features: (1, block, n_layers * hidden)
-
-
-def verify_tree_pass(target: Qwen3, cache: KVCache, layer_ids, ids, positions, greedy: bool, slots, tree_mask):
+def verify_pass(target: Qwen3, cache: KVCache, layer_ids, ids, positions, greedy: bool, slots=None, tree_mask=None):
     hidden, features = target(ids, positions, cache, capture_layers=layer_ids, slots=slots, chunk_mask=tree_mask)
-    logits = target.logits(hidden[0])  # (nodes, vocab)
-    return (argmax(logits) if greedy else logits), features  # features: (1, nodes, n_layers * hidden)
+    logits = target.logits(hidden[0])  # (block or nodes, vocab)
+    return (argmax(logits) if greedy else logits), features  # features: (1, block or nodes, n_layers * hidden)
 
 
 def draft_logits(target: Qwen3, drafter: Drafter, cache: KVCache, context_features, context_positions, block_ids,
@@ -227,8 +297,9 @@ def draft_logits(target: Qwen3, drafter: Drafter, cache: KVCache, context_featur
     return target.logits(hidden[0, 1:])  # (block - 1, vocab): one distribution per drafted slot
 
 
-def draft_pass(*args):
-    return argmax(draft_logits(*args))  # (block - 1,): the chain drafts greedily
+def draft_pass(*args, greedy: bool = True):
+    logits = draft_logits(*args)
+    return argmax(logits) if greedy else logits  # (block - 1,) or (block - 1, vocab)
 
 
 def draft_tree_pass(top_k: int, *args):
@@ -237,40 +308,33 @@ def draft_tree_pass(top_k: int, *args):
     return best.values, best.indices  # (block - 1, k) each
 
 
-PASSES = {"decode": decode_pass, "verify": verify_pass, "draft": draft_pass,
-          "verify_tree": verify_tree_pass, "draft_tree": draft_tree_pass}
+PASSES = {"decode": decode_pass, "verify": verify_pass, "draft": draft_pass, "draft_tree": draft_tree_pass}
 
 
 @functools.cache
 def compiled_pass(name: str, shape: tuple, backend, mode: str | None):
     """`PASSES[name]` compiled once per process and runner shape, shared by every runner of that shape.
 
-    Dynamo keeps the graphs of one function together (one per shape, greedy or sampled),
-    up to its recompile limit of 8 per function: a benchmark of several block sizes at
-    several temperatures goes past it. So each shape compiles its own copy of the
-    function (a new code object, the same code), which holds at most two graphs.
+    Dynamo allows a function 8 graphs; a benchmark of several block sizes, greedy and
+    sampled, needs more. So each shape compiles its own copy of the function (a new code
+    object, the same code).
     """
     function = PASSES[name]
-    copy = types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__)
+    copy = types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__,
+                              function.__defaults__)
+    copy.__kwdefaults__ = function.__kwdefaults__
     return torch.compile(copy, backend=backend, mode=mode, fullgraph=True, dynamic=False)
 
 
 class ModelRunner:
     """The caches, the buffers and the passes of the loops, built once and reused across calls.
 
-    The caches' `length` says what is committed. Each pass writes its chunk right
-    after it; `prefill`, `decode` and `verify` then extend the target cache over the
-    chunk, and the DFlash loop trims the rejected tail off after verification.
-    `verify_tree` commits nothing: `keep_path` moves the accepted path next to the
-    committed entries and extends the cache over them.
-
-    Compiled, the caches read their whole buffer under a position mask
-    (`KVCache.fixed_shape`), and every output the loop keeps past the next pass is
-    copied into a buffer the runner owns: under CUDA graphs a pass may reuse the
-    memory of the previous one's outputs. With `flex_attention` the caches are read
-    through FlexAttention, visiting only their filled key blocks (`dflash/flex_reads.py`).
-    `clock`, when set, is called as `with clock(phase):` around each step's passes
-    (`bench.py` times the phases so).
+    The caches' `length` says what is committed. Each pass writes its chunk right after
+    it; the loops then commit (`extend`) what they keep and trim the rest. Compiled, the
+    caches are read whole under a position mask (`KVCache.fixed_shape`), and every output
+    the loop keeps past the next pass is copied into a buffer the runner owns: under CUDA
+    graphs a pass may reuse the memory of the previous one's outputs. `clock`, when set,
+    is entered as `with clock(phase):` around each pass (`bench.py` times phases so).
     """
 
     def __init__(self, target: Qwen3, drafter: Drafter | None = None, *, max_length: int,
@@ -281,27 +345,26 @@ class ModelRunner:
         self.tree_budget = tree_budget  # drafted nodes per tree (0: chains only)
         # Candidates per slot: a node's r-th child needs r - 1 siblings first, so more than the budget is never used.
         self.tree_top_k = min(tree_top_k or max(tree_budget, 1), target.config.vocab_size)
-        cache_type = FilledBlocksCache if flex_attention else KVCache
+        cache_type = FilledBlocksCache if flex_attention else KVCache  # see dflash/flex_reads.py
         weight = target.embed_tokens.weight
         self.target_cache = cache_type.for_layers(target.config, weight, max_length)
         self.drafter_cache = cache_type.for_layers(drafter.config.layers, weight, max_length) if drafter else None
         self.layer_ids = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
         self.mask_token_id = drafter.config.mask_token_id if drafter is not None else 0
-        # Buffers the runner owns, reused every step.
-        device, width = weight.device, len(self.layer_ids) * target.config.hidden_size
+        device, width, nodes = weight.device, len(self.layer_ids) * target.config.hidden_size, tree_budget + 1
         self.block_offsets = torch.arange(self.block_size, device=device)
         self.token_ids = torch.zeros(1, 1, dtype=torch.long, device=device)  # decode's input
         self.block_ids = torch.zeros(1, self.block_size, dtype=torch.long, device=device)  # [last, drafts]
         self.target_tokens = torch.zeros(self.block_size, dtype=torch.long, device=device)
         self.features = torch.zeros(1, self.block_size, width, dtype=weight.dtype, device=device)  # the last verify's
+        self.draft_probs: torch.Tensor | None = None  # q of the sampled draft slots, for the verdicts
         # The tree's: the drafter's candidates per slot, then the target's token and features at every node.
         self.draft_logprobs = torch.zeros(self.block_size - 1, self.tree_top_k, device=device)
         self.draft_candidates = torch.zeros(self.block_size - 1, self.tree_top_k, dtype=torch.long, device=device)
-        self.node_offsets = torch.arange(tree_budget + 1, device=device)
-        self.node_tokens = torch.zeros(tree_budget + 1, dtype=torch.long, device=device)
-        self.node_features = torch.zeros(1, tree_budget + 1, width, dtype=weight.dtype, device=device)
-        self.compiled, self.clock = compile, None
-        self.passes = dict(PASSES)
+        self.node_offsets = torch.arange(nodes, device=device)
+        self.node_tokens = torch.zeros(nodes, dtype=torch.long, device=device)
+        self.node_features = torch.zeros(1, nodes, width, dtype=weight.dtype, device=device)
+        self.compiled, self.clock, self.passes = compile, None, dict(PASSES)
         if compile:
             for cache in self.caches():
                 cache.fixed_shape = True
@@ -316,15 +379,12 @@ class ModelRunner:
     def timed(self, phase: str):
         return self.clock(phase) if self.clock is not None else contextlib.nullcontext()
 
-    # What the loops call.
-
-    def prefill(self, prompt: torch.Tensor, temperature: float, generator: torch.Generator | None,
+    def prefill(self, prompt: torch.Tensor, sampling: Sampling | float, generator: torch.Generator | None,
                 first_token_choices: Sequence[int] | None = None) -> tuple[int, torch.Tensor | None]:
         """Run the prompt (1, n) through the target, eagerly (its shape changes with every prompt).
 
-        Returns the first new token and, for the drafter, the target's features at every
-        prompt position (1, n, F), or None without a drafter. With `first_token_choices`
-        (token healing), the first token is picked among those only.
+        Returns the first new token (among `first_token_choices` only, when token healing
+        gives them) and the target's features at every prompt position (1, n, F) for the drafter.
         """
         n = prompt.shape[1]
         for cache in self.caches():
@@ -335,38 +395,47 @@ class ModelRunner:
         logits = self.target.logits(hidden[0, -1])  # (vocab,)
         if first_token_choices is not None:
             logits = keep_only(logits, first_token_choices)
-        return sample(logits, temperature, generator).item(), features
+        return sample(logits, sampling, generator).item(), features
 
-    def decode(self, token: int, temperature: float, generator: torch.Generator | None) -> int:
+    def decode(self, token: int, sampling: Sampling | float, generator: torch.Generator | None) -> int:
         """The next token after `token`, which goes right after the committed ones."""
+        sampling = as_sampling(sampling)
         with self.timed("decode"):
             self.token_ids[0, 0] = token
             position = self.block_offsets[:1] + self.target_cache.length  # (1,)
-            picks = self.passes["decode"](self.target, self.target_cache, self.token_ids, position, temperature == 0)
+            picks = self.passes["decode"](self.target, self.target_cache, self.token_ids, position, sampling.greedy)
             self.target_cache.extend(1)
-            return (picks[0] if temperature == 0 else sample(picks[0], temperature, generator)).item()
+            return (picks[0] if sampling.greedy else sample(picks[0], sampling, generator)).item()
 
     def draft(self, context_features: torch.Tensor, last_token: int, start: int, after_prefill: bool) -> torch.Tensor:
         """Guess the block after `last_token` (at position `start`): (block - 1,) token ids, in the runner's buffer.
 
-        `context_features` (1, ctx, F) are the target's features for the positions the
-        drafter has not seen: the prompt's right after the prefill (`after_prefill`: any
-        length, so that pass runs eagerly), later the last verify's block, of which only
-        `start - drafter_cache.length` positions were accepted. Eager passes keep only
-        those; a compiled pass keeps the whole block for a fixed shape, and the block it
-        drafts overwrites the rejected tail, so that nothing reads it.
+        `context_features` (1, ctx, F) are the target's features at the positions the
+        drafter has not seen: the prompt's right after the prefill (any length, so that
+        pass runs eagerly), later the last verify's block, of which `start -
+        drafter_cache.length` positions were accepted.
         """
         with self.timed("draft"):
+            self.draft_probs = None
             self.block_ids[0, 1:] = self.run_drafter("draft", context_features, last_token, start, after_prefill)
             return self.block_ids[0, 1:]
 
-    def draft_tree(self, context_features: torch.Tensor, last_token: int, start: int, after_prefill: bool):
-        """The drafter's `tree_top_k` likeliest tokens at each slot of the block after `last_token`.
+    def draft_sampled(self, context_features: torch.Tensor, last_token: int, start: int, after_prefill: bool,
+                      sampling: Sampling, sampled: int, generator: torch.Generator | None) -> torch.Tensor:
+        """As `draft`, but the first `sampled` slots are drawn from the drafter's distribution q,
+        which `verify` then needs (`draft_probs`); the slots after them are its argmax."""
+        with self.timed("draft"):
+            logits = self.run_drafter("draft", context_features, last_token, start, after_prefill, greedy=False)
+            self.draft_probs = sampling.probs(logits[:sampled])  # (sampled, vocab)
+            drafts = torch.cat([draw(self.draft_probs, generator), argmax(logits[sampled:])])  # (block - 1,)
+            self.block_ids[0, 1:] = drafts
+            return self.block_ids[0, 1:]
 
-        The same pass as `draft`, over the same context (after `keep_path`, the accepted
-        path's features come first, as a chain's accepted block does). Returns
-        log-probabilities and token ids, (block - 1, k) each, likeliest first, in the
-        runner's buffers: slot d's are the candidates for depth d of the tree.
+    def draft_tree(self, context_features: torch.Tensor, last_token: int, start: int, after_prefill: bool):
+        """The drafter's `tree_top_k` likeliest tokens at each slot after `last_token`, as `draft` runs it.
+
+        Returns log-probabilities and token ids, (block - 1, k) each, likeliest first, in
+        the runner's buffers: slot d's are the candidates for depth d of the tree.
         """
         with self.timed("draft"):
             logprobs, candidates = self.run_drafter("draft_tree", context_features, last_token, start, after_prefill)
@@ -374,8 +443,12 @@ class ModelRunner:
             self.draft_candidates.copy_(candidates)
             return self.draft_logprobs, self.draft_candidates
 
-    def run_drafter(self, name: str, context_features, last_token: int, start: int, after_prefill: bool):
-        """Feed the drafter its new context and the block [last_token, MASK, ...]; commit the context it keeps."""
+    def run_drafter(self, name: str, context_features, last_token: int, start: int, after_prefill: bool, **options):
+        """Feed the drafter its new context and the block [last_token, MASK, ...]; commit the context it keeps.
+
+        Eager passes read only the accepted context; a compiled pass reads the whole last
+        block for a fixed shape, and the block it drafts overwrites the rejected tail.
+        """
         committed = start - self.drafter_cache.length  # context positions accepted since the last draft
         fixed = self.compiled and not after_prefill
         if not fixed:
@@ -385,53 +458,56 @@ class ModelRunner:
         self.block_ids[0, 0] = last_token
         self.block_ids[0, 1:] = self.mask_token_id
         run = self.passes[name] if fixed else PASSES[name]  # the prompt's context: any length, eager
-        models = (self.target, self.drafter, self.drafter_cache)
-        args = (*models, context_features, context_positions, self.block_ids, self.block_offsets + start)
-        drafted = run(self.tree_top_k, *args) if name == "draft_tree" else run(*args)
+        args = (self.target, self.drafter, self.drafter_cache, context_features, context_positions, self.block_ids,
+                self.block_offsets + start)
+        drafted = run(self.tree_top_k, *args) if name == "draft_tree" else run(*args, **options)
         self.drafter_cache.extend(committed)  # the context is kept; the block's slots were scratch
         return drafted
 
-    def verify(self, drafts: torch.Tensor, temperature: float, generator: torch.Generator | None):
-        """The target's token after each slot of [last token, drafts] (block,), and its features (1, block, F).
+    def verify(self, drafts: torch.Tensor, sampling: Sampling | float, generator: torch.Generator | None):
+        """The token the target commits after each slot of [last token, drafts] (block,), and its features.
 
         The block sits right after the committed tokens, and the cache is extended over
         all of it: the loop trims the rejected tail once it knows how much was accepted.
         Both results live in the runner's buffers until the next verify.
         """
+        sampling = as_sampling(sampling)
         with self.timed("verify"):
             self.block_ids[0, 1:] = drafts
             positions = self.block_offsets + self.target_cache.length  # (block,)
             picks, features = self.passes["verify"](self.target, self.target_cache, self.layer_ids, self.block_ids,
-                                                    positions, temperature == 0)
+                                                    positions, sampling.greedy)
             self.target_cache.extend(self.block_size)
-            self.target_tokens.copy_(picks if temperature == 0 else sample(picks, temperature, generator))
+            if not sampling.greedy:
+                picks = verdicts(sampling.probs(picks), drafts, self.draft_probs, generator)
+            self.target_tokens.copy_(picks)
             self.features.copy_(features)
             return self.target_tokens, self.features
 
-    def verify_tree(self, tree: DraftTree, temperature: float, generator: torch.Generator | None) -> torch.Tensor:
+    def verify_tree(self, tree: DraftTree, sampling: Sampling | float, generator: torch.Generator | None):
         """The target's token after each node of `tree` (budget + 1,), padding nodes included.
 
-        Node i goes to cache slot start + i at position start + depth(i), and sees the
-        committed tokens, its ancestors and itself (`verify_inputs`). Nothing is
-        committed yet: `keep_path` does it once the walk has chosen the path.
+        Node i goes to cache slot start + i at position start + depth(i) and sees the
+        committed tokens, its ancestors and itself (`verify_inputs`). Nothing is committed:
+        `keep_path` does it once the walk has chosen the path.
         """
+        sampling = as_sampling(sampling)
         with self.timed("verify"):
             tokens, depths, tree_mask = (t.to(self.node_offsets.device) for t in verify_inputs(tree, self.tree_budget))
             start = self.target_cache.length
-            picks, features = self.passes["verify_tree"](self.target, self.target_cache, self.layer_ids,
-                                                         tokens[None], depths + start, temperature == 0,
-                                                         self.node_offsets + start, tree_mask)
-            self.node_tokens.copy_(picks if temperature == 0 else sample(picks, temperature, generator))
+            picks, features = self.passes["verify"](self.target, self.target_cache, self.layer_ids, tokens[None],
+                                                    depths + start, sampling.greedy, self.node_offsets + start,
+                                                    tree_mask)
+            self.node_tokens.copy_(sample(picks, sampling, generator) if not sampling.greedy else picks)
             self.node_features.copy_(features)
             return self.node_tokens
 
     def keep_path(self, path: list[int]) -> torch.Tensor:
         """Commit the accepted `path` (node indices, root first) of the last tree verify.
 
-        Its keys and values move from their scattered slots to the slots right after
-        the committed ones (`path_slots`, `KVCache.compact`), which are then committed;
-        its features move to the front of the features buffer, where the next draft
-        reads its context (1, block, F), as after a chain's verify.
+        Its keys and values move next to the committed ones (`path_slots`, `KVCache.compact`);
+        its features move to the front of the features buffer (1, block, F), where the next
+        draft reads its context, as after a chain's verify.
         """
         start, device = self.target_cache.length, self.node_offsets.device
         self.target_cache.compact(torch.tensor(path_slots(path, start), device=device), start)
@@ -443,22 +519,14 @@ class ModelRunner:
 # ------------------------------------------------------------------------ the loops
 
 
-def check_request(target: Qwen3, prompt_ids: Sequence[int], max_new_tokens: int, temperature: float,
-                  runner: ModelRunner | None, drafter: Drafter | None = None, block_size: int = 1,
-                  tree_budget: int = 0) -> None:
-    """Refuse, with one line, a request the models (and the runner, if given) cannot serve.
-
-    The one check on the way from a public entry point to the passes; it runs before
-    any cache is allocated.
-    """
-    if len(prompt_ids) == 0:
-        raise UsageError("the prompt is empty")
-    if max_new_tokens <= 0:
-        raise UsageError(f"max_new_tokens must be positive, got {max_new_tokens}")
-    if temperature < 0:
-        raise UsageError(f"temperature must be >= 0, got {temperature}")
+def check_request(target: Qwen3, prompt_ids: Sequence[int], max_new_tokens: int, runner: ModelRunner | None,
+                  drafter: Drafter | None = None, block_size: int = 1, tree_budget: int = 0) -> None:
+    """Refuse, with one line and before any cache is allocated, what the models or the runner cannot serve."""
     vocab, limit = target.config.vocab_size, target.config.max_position_embeddings
     outside = [token for token in prompt_ids if not 0 <= token < vocab]
+    if not prompt_ids or max_new_tokens <= 0:
+        raise UsageError("the prompt is empty" if not prompt_ids else
+                         f"max_new_tokens must be positive, got {max_new_tokens}")
     if outside:
         raise UsageError(f"prompt token id {outside[0]} is outside the vocabulary (0..{vocab - 1})")
     if len(prompt_ids) + max_new_tokens > limit:
@@ -467,121 +535,128 @@ def check_request(target: Qwen3, prompt_ids: Sequence[int], max_new_tokens: int,
     if drafter is not None and not 2 <= block_size <= drafter.config.block_size:
         raise UsageError(f"block size must be between 2 and the drafter's {drafter.config.block_size}, "
                          f"got {block_size}")
-    if runner is not None and block_size != runner.block_size:
-        raise UsageError(f"block size {block_size} differs from the runner's {runner.block_size}")
-    if tree_budget and runner is not None and tree_budget != runner.tree_budget:
-        raise UsageError(f"tree budget {tree_budget} differs from the runner's {runner.tree_budget}")
-    chunk = max(block_size, tree_budget + 1)  # a block, or a tree's nodes
-    needed = len(prompt_ids) + max_new_tokens + chunk  # the last chunk may reach past the end
-    if runner is not None and needed > runner.max_length:
+    if runner is None:
+        return
+    chunk = max(block_size, tree_budget + 1)  # the last block or tree may reach past the output
+    needed = len(prompt_ids) + max_new_tokens + chunk
+    if (block_size, tree_budget or runner.tree_budget) != (runner.block_size, runner.tree_budget):
+        raise UsageError(f"block size {block_size} and tree budget {tree_budget} differ from the runner's "
+                         f"{runner.block_size} and {runner.tree_budget}")
+    if needed > runner.max_length:
         raise UsageError(f"prompt ({len(prompt_ids)}) + max_new_tokens ({max_new_tokens}) + block or tree "
                          f"({chunk}) needs {needed} cache slots, the runner has {runner.max_length}")
 
 
+def begin(target: Qwen3, drafter: Drafter | None, prompt_ids: Sequence[int], max_new_tokens: int, runner,
+          block_size: int, tree_budget: int, sampling: Sampling, generator, first_token_choices, stop_ids, on_token):
+    """Check the request, build a runner if none was given, prefill, and commit the first new token.
+
+    Returns the runner, the output, the first token and the prompt's features.
+    """
+    check_request(target, prompt_ids, max_new_tokens, runner, drafter, block_size, tree_budget)
+    runner = runner or ModelRunner(target, drafter, block_size=block_size, tree_budget=tree_budget,
+                                   max_length=len(prompt_ids) + max_new_tokens + max(block_size, tree_budget + 1))
+    device = target.embed_tokens.weight.device
+    output = Output(max_new_tokens, stop_ids, on_token, device)
+    prompt = torch.tensor([list(prompt_ids)], device=device)  # (1, n)
+    first, features = runner.prefill(prompt, sampling, generator, first_token_choices)  # int, (1, n, F)
+    output.commit([first])  # committed, but not yet in the target's cache
+    return runner, output, first, features
+
+
 @torch.no_grad()
 def generate_autoregressive(target: Qwen3, prompt_ids: Sequence[int], max_new_tokens: int, *,
-                            temperature: float = 0.0, stop_ids: Sequence[int] = (),
+                            temperature: float = 0.0, sampling: Sampling | None = None, stop_ids: Sequence[int] = (),
                             generator: torch.Generator | None = None, on_token: OnToken | None = None,
                             runner: ModelRunner | None = None,
                             first_token_choices: Sequence[int] | None = None) -> Generation:
     """The baseline: prefill the prompt, then one target pass per new token.
 
+    `sampling` (default: plain softmax at `temperature`) says how tokens are drawn;
     `first_token_choices` (from token healing) restricts the first new token to a set.
     """
+    sampling = sampling or Sampling(temperature)
     block_size = runner.block_size if runner is not None else 1
-    check_request(target, prompt_ids, max_new_tokens, temperature, runner, block_size=block_size)
-    runner = runner or ModelRunner(target, max_length=len(prompt_ids) + max_new_tokens + 1)
-    device = target.embed_tokens.weight.device
-    output = Output(max_new_tokens, stop_ids, on_token, device)
-    output.start_clock()
-    prompt = torch.tensor([list(prompt_ids)], device=device)  # (1, n)
-    token, _ = runner.prefill(prompt, temperature, generator, first_token_choices)  # the first new token
-    output.commit([token], [False])
+    runner, output, token, _ = begin(target, None, prompt_ids, max_new_tokens, runner, block_size, 0, sampling,
+                                     generator, first_token_choices, stop_ids, on_token)
     while not output.done:
-        token = runner.decode(token, temperature, generator)  # the one host sync of the step
-        output.commit([token], [False])
-    return output.finish([1] * (len(output.ids) - 1))
+        token = runner.decode(token, sampling, generator)  # the one host sync of the step
+        output.commit([token])
+        output.acceptance_lengths.append(1)
+    return output.finish()
 
 
 @torch.no_grad()
 def generate_dflash(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int], max_new_tokens: int, *,
-                    block_size: int | None = None, temperature: float = 0.0, stop_ids: Sequence[int] = (),
+                    block_size: int | None = None, temperature: float = 0.0, sampling: Sampling | None = None,
+                    draft_policy: str = "greedy", stop_ids: Sequence[int] = (),
                     generator: torch.Generator | None = None, on_token: OnToken | None = None,
                     runner: ModelRunner | None = None,
                     first_token_choices: Sequence[int] | None = None) -> Generation:
     """Speculative decoding with a DFlash drafter: draft a block, verify it, keep the agreeing prefix.
 
-    A draft is kept exactly when it equals the token the target itself samples at
-    that slot. That is rejection sampling with a one-hot draft distribution
-    (accept with probability p_target(draft)), and the bonus token is the target's own
-    sample, so every committed token follows the target's distribution: the output is
-    distributed exactly as `generate_autoregressive`'s, and equal to it at temperature 0.
+    A draft is kept exactly when it equals the token the target commits at its slot
+    (`verdicts`: rejection sampling, so every committed token follows the target's
+    distribution), and the target's token after the kept drafts is committed too. The
+    output is distributed exactly as `generate_autoregressive`'s, and equal to it greedy.
+    `draft_policy` (above temperature 0): `greedy` drafts the drafter's argmax, `sampled`
+    draws every slot from it, `mixed:K` draws the first K slots and takes the argmax after.
     """
+    sampling = sampling or Sampling(temperature)
     block_size = block_size or (runner.block_size if runner is not None else drafter.config.block_size)
-    check_request(target, prompt_ids, max_new_tokens, temperature, runner, drafter, block_size)
-    runner = runner or ModelRunner(target, drafter, block_size=block_size,
-                                   max_length=len(prompt_ids) + max_new_tokens + block_size)
-    device = target.embed_tokens.weight.device
-    output = Output(max_new_tokens, stop_ids, on_token, device)
-    output.start_clock()
-    prompt = torch.tensor([list(prompt_ids)], device=device)  # (1, n)
-    last, context = runner.prefill(prompt, temperature, generator, first_token_choices)  # int, (1, n, F)
-    output.commit([last], [False])  # `last` is committed, but not yet in the target's cache
-    start, acceptance_lengths = len(prompt_ids), []  # start: the position of `last`
+    sampled = sampled_slots(draft_policy, block_size, sampling)
+    runner, output, last, context = begin(target, drafter, prompt_ids, max_new_tokens, runner, block_size, 0,
+                                          sampling, generator, first_token_choices, stop_ids, on_token)
+    position = len(prompt_ids)  # of `last`, the newest committed token, not yet in the target's cache
     while not output.done:
-        drafts = runner.draft(context, last, start, after_prefill=not acceptance_lengths)  # (block - 1,)
-        target_tokens, context = runner.verify(drafts, temperature, generator)  # (block,), (1, block, F)
-        both = torch.cat([drafts, target_tokens]).tolist()  # the one host sync of the step
+        first = not output.acceptance_lengths  # the first draft after the prefill
+        drafts = (runner.draft_sampled(context, last, position, first, sampling, sampled, generator) if sampled
+                  else runner.draft(context, last, position, first))  # (block - 1,)
+        committed, context = runner.verify(drafts, sampling, generator)  # (block,), (1, block, F)
+        both = torch.cat([drafts, committed]).tolist()  # the one host sync of the step
         guessed, wanted = both[:block_size - 1], both[block_size - 1:]
         accepted = next((k for k, (g, w) in enumerate(zip(guessed, wanted)) if g != w), block_size - 1)
-        output.commit(wanted[:accepted + 1], [True] * accepted + [False])  # accepted drafts == the target's
-        acceptance_lengths.append(accepted + 1)
-        last = wanted[accepted]  # the target's own token after them: the bonus, next block's first
-        start += accepted + 1
-        runner.target_cache.trim(start)  # O(1): keep the block up to the new `last`, forget the rest
-    return output.finish(acceptance_lengths)
+        output.commit(wanted[:accepted + 1], drafted=accepted)  # the kept drafts, then the target's own token
+        output.acceptance_lengths.append(accepted + 1)
+        last, position = wanted[accepted], position + accepted + 1  # the target's token opens the next block
+        runner.target_cache.trim(position)  # keep the block up to the new `last`, forget the rest: O(1)
+    return output.finish()
 
 
 @torch.no_grad()
 def generate_dflash_tree(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int], max_new_tokens: int, *,
                          budget: int, block_size: int | None = None, temperature: float = 0.0,
-                         stop_ids: Sequence[int] = (), generator: torch.Generator | None = None,
-                         on_token: OnToken | None = None, runner: ModelRunner | None = None,
+                         sampling: Sampling | None = None, stop_ids: Sequence[int] = (),
+                         generator: torch.Generator | None = None, on_token: OnToken | None = None,
+                         runner: ModelRunner | None = None,
                          first_token_choices: Sequence[int] | None = None) -> Generation:
     """Speculative decoding with draft trees: draft a block, grow a tree of `budget` guesses, keep the agreeing path.
 
-    One draft pass gives a distribution for every slot of the block; the tree holds
-    the `budget` continuations the drafter finds likeliest, and the target checks all
-    of them in one pass (`dflash/tree.py`). The walk keeps the path along which every
-    draft equals the target's own token, plus the target's token after it, so the
-    output is distributed exactly as `generate_autoregressive`'s (the argument is in
-    `walk`'s docstring), and equal to it at temperature 0. A step commits between 1
-    and `block_size` tokens, as the chain's does, but more of them on average.
+    One draft pass gives a distribution for every slot; the tree holds the `budget`
+    continuations the drafter finds likeliest, and the target checks all of them in one
+    pass (`dflash/tree.py`). The walk keeps the path along which every draft equals the
+    target's own token, plus the target's token after it, so the output is distributed
+    exactly as `generate_autoregressive`'s (see `walk`). Its children are chosen, not
+    sampled: a tree of sampled children would need a multi-draft acceptance rule.
     """
+    sampling = sampling or Sampling(temperature)
     block_size = block_size or (runner.block_size if runner is not None else drafter.config.block_size)
     if budget < 1:
         raise UsageError(f"a tree needs a budget of at least 1 node, got {budget}")
-    check_request(target, prompt_ids, max_new_tokens, temperature, runner, drafter, block_size, budget)
-    runner = runner or ModelRunner(target, drafter, block_size=block_size, tree_budget=budget,
-                                   max_length=len(prompt_ids) + max_new_tokens + max(block_size, budget + 1))
-    device = target.embed_tokens.weight.device
-    output = Output(max_new_tokens, stop_ids, on_token, device)
-    output.start_clock()
-    prompt = torch.tensor([list(prompt_ids)], device=device)  # (1, n)
-    last, context = runner.prefill(prompt, temperature, generator, first_token_choices)  # int, (1, n, F)
-    output.commit([last], [False])  # committed, but not yet in the target's cache: the root of the first tree
-    start, acceptance_lengths = len(prompt_ids), []  # start: the position of `last`
+    runner, output, last, context = begin(target, drafter, prompt_ids, max_new_tokens, runner, block_size, budget,
+                                          sampling, generator, first_token_choices, stop_ids, on_token)
+    position = len(prompt_ids)  # of `last`: the root of the next tree
     while not output.done:
-        logprobs, candidates = runner.draft_tree(context, last, start, after_prefill=not acceptance_lengths)
+        logprobs, candidates = runner.draft_tree(context, last, position, not output.acceptance_lengths)
         tree = build_tree(last, logprobs.tolist(), candidates.tolist(), budget)  # host sync 1: the tree is host-side
-        target_tokens = runner.verify_tree(tree, temperature, generator).tolist()  # host sync 2: (budget + 1,)
+        target_tokens = runner.verify_tree(tree, sampling, generator).tolist()  # host sync 2: (budget + 1,)
         path = walk(tree, target_tokens)  # the accepted nodes, root first
-        committed = [target_tokens[node] for node in path]  # the accepted drafts (== the target's), then the bonus
-        output.commit(committed, [True] * (len(path) - 1) + [False])
-        acceptance_lengths.append(len(path))
+        committed = [target_tokens[node] for node in path]  # the accepted drafts (== the target's), then its own
+        output.commit(committed, drafted=len(path) - 1)
+        output.acceptance_lengths.append(len(path))
         context = runner.keep_path(path)  # the path's keys, values and features move next to the committed ones
-        last, start = committed[-1], start + len(path)  # the bonus: the next tree's root
-    return output.finish(acceptance_lengths)
+        last, position = committed[-1], position + len(path)
+    return output.finish()
 
 
 # ------------------------------------------------------------------ the command line
@@ -592,15 +667,15 @@ examples:
   python generate.py --prompt "Mia has 14 apples. She buys 9 more. How many apples are there now?"
   python generate.py --prompt "There are 6 trays with 12 muffins in each. The baker sells 20 of the muffins and then gets 5 more. How many muffins are there now?" --compare
   python generate.py --prompt "Leo buys 3 pens that cost 4 dollars each. He pays with 20 dollars. How much change does Leo get?" --compare --tree 32
-  python generate.py --prompt "Tom has 7 cards. Ana has twice as many cards as Tom. How many cards does Ana have?" --temperature 0.7
+  python generate.py --prompt "Tom has 7 cards. Ana has twice as many cards as Tom. How many cards does Ana have?" --sample-from-config
+  python generate.py --prompt "Tom has 7 cards. How many cards does Tom have?" --temperature 1.0 --top-k 20 --draft-policy mixed:2
   python generate.py --model weights/Qwen3-8B --draft weights/Qwen3-8B-DFlash-b16 --prompt "Explain KV caches."
   python generate.py --prompt-ids 1,2,3 --model tests/fixtures/qwen3-tiny-sharded \\
       --draft tests/fixtures/dflash-tiny --json
 
-On a terminal, tokens that came from accepted drafts are green, the target's own
-tokens are in the default colour. --json prints one object: output_ids (the new
-tokens only), text, acceptance_lengths, mean_acceptance, tokens_per_second,
-new_tokens, steps (and with --compare baseline_output_ids,
+On a terminal, tokens that came from accepted drafts are green. --json prints one
+object: output_ids (the new tokens only), text, acceptance_lengths, mean_acceptance,
+tokens_per_second, new_tokens, steps (and with --compare baseline_output_ids,
 baseline_tokens_per_second, speedup). Bad input exits with status 2.
 """
 
@@ -615,7 +690,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-draft", action="store_true", help="plain autoregressive decoding only")
     p.add_argument("--compare", action="store_true", help="run the baseline, then DFlash, and report the speedup")
     p.add_argument("--max-new-tokens", type=int, default=128)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    add_sampling_options(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--block-size", type=int, help="tokens per draft block (2..the drafter's; default the drafter's)")
     p.add_argument("--tree", type=int, default=0, metavar="N",
@@ -631,6 +706,33 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
+    """How tokens are drawn, alike in generate.py, bench.py and make_data.py."""
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens only (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="sample among the likeliest tokens that sum to p")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens under min-p times the likeliest's probability")
+    p.add_argument("--sample-from-config", action="store_true",
+                   help="take temperature, top-k and top-p from the model's generation_config.json")
+    p.add_argument("--draft-policy", default="greedy", metavar="greedy|sampled|mixed:K",
+                   help="above temperature 0: draft the drafter's argmax (default), sample every slot from it, "
+                        "or sample the first K slots")
+
+
+def sampling_of(args, model: Path) -> Sampling:
+    """The `Sampling` the options ask for; `--sample-from-config` reads what the checkpoint recommends."""
+    if not args.sample_from_config:
+        return Sampling(args.temperature, args.top_k, args.top_p, args.min_p)
+    path = Path(model) / "generation_config.json"
+    if not path.is_file():
+        raise UsageError(f"--sample-from-config: {path} not found")
+    config = json.loads(path.read_text())
+    if not config.get("do_sample", False):
+        return Sampling()
+    return Sampling(config.get("temperature", 1.0), config.get("top_k", 0) or 0, config.get("top_p", 1.0),
+                    config.get("min_p", 0.0) or 0.0)
+
+
 def command_line_prompt(args) -> Prompt:
     if args.prompt_ids is not None:
         return Prompt("--prompt-ids", ids=args.prompt_ids)
@@ -642,10 +744,9 @@ def command_line_prompt(args) -> Prompt:
 class Printer:
     """Streams committed tokens as text; on a terminal, accepted drafts are green.
 
-    Decoding is incremental: only the tokens since the last printed piece (plus the
-    one before, for context such as a leading space) are decoded again, so printing
-    costs the same per token however long the output grows. A piece that ends inside
-    a multi-byte character waits for the rest. Without a tokenizer it prints the ids.
+    Only the tokens since the last printed piece (and the one before, for context such
+    as a leading space) are decoded again, so printing costs the same per token however
+    long the output grows; a piece that ends inside a multi-byte character waits.
     """
 
     GREEN, RESET = "\033[32m", "\033[0m"
@@ -661,100 +762,91 @@ class Printer:
         if self.tokenizer is None:
             piece = f"{token} "
         else:
-            decode = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
-            known = decode(self.ids[self.context:self.printed])
-            text = decode(self.ids[self.context:])
+            known = self.tokenizer.decode(self.ids[self.context:self.printed], skip_special_tokens=True)
+            text = self.tokenizer.decode(self.ids[self.context:], skip_special_tokens=True)
             if text.endswith("\ufffd"):  # an unfinished multi-byte character: wait for the rest
                 return
             piece = text[len(known):]
             self.context, self.printed = self.printed, len(self.ids)
-        if self.colour and drafted:
-            piece = self.GREEN + piece + self.RESET
-        self.out.write(piece)
+        self.out.write(self.GREEN + piece + self.RESET if self.colour and drafted else piece)
         self.out.flush()
-
-
-def summary(name: str, result: Generation, block_size: int | None) -> str:
-    line = f"{name}: {result.new_tokens} new tokens in {result.seconds:.2f} s, {result.tokens_per_second:.1f} tokens/s"
-    if block_size:
-        line += (f", {result.steps} steps, tau {result.mean_acceptance:.2f}, "
-                 f"acceptance histogram (1..{block_size}) {result.histogram(block_size)}")
-    return line
 
 
 def run(args) -> int:
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
-    use_draft = not args.no_draft or args.compare
+    if args.tree < 0:
+        raise UsageError(f"--tree must be 0 (the chain) or a number of nodes, got {args.tree}")
+    sampling = sampling_of(args, args.model)
     target = Qwen3.from_pretrained(args.model, device=device, dtype=dtype)
+    use_draft = not args.no_draft or args.compare
     drafter = Drafter.from_pretrained(args.draft, target=target, device=device, dtype=dtype) if use_draft else None
     tokenizer = find_tokenizer(args.model)
     prompt_ids, first_token_choices = encode_for_generation(command_line_prompt(args), tokenizer, args.chat,
                                                             args.thinking, args.token_healing)
     block_size = (args.block_size or drafter.config.block_size) if drafter is not None else None
-    if args.tree < 0:
-        raise UsageError(f"--tree must be 0 (the chain) or a number of nodes, got {args.tree}")
+    if drafter is not None:
+        sampled_slots(args.draft_policy, block_size, sampling)  # refuse a bad policy before any work
+    if args.tree and args.draft_policy != "greedy":
+        raise UsageError("draft trees take the drafter's likeliest tokens: use --draft-policy greedy with --tree")
     compile = device.type == "cuda" if args.compile is None else args.compile
-    chunk = max(block_size or 1, args.tree + 1)  # a block, or a tree's nodes
-    runner = ModelRunner(target, drafter, max_length=len(prompt_ids) + args.max_new_tokens + chunk,
+    runner = ModelRunner(target, drafter, max_length=len(prompt_ids) + args.max_new_tokens + max(block_size or 1,
+                                                                                                args.tree + 1),
                          block_size=block_size, tree_budget=args.tree, compile=compile,
-                         mode="reduce-overhead" if device.type == "cuda" else None,
-                         flex_attention=args.flex_attention)
-    options = dict(temperature=args.temperature, stop_ids=stop_token_ids(args.model, tokenizer), runner=runner,
+                         mode="reduce-overhead" if device.type == "cuda" else None, flex_attention=args.flex_attention)
+    options = dict(sampling=sampling, stop_ids=stop_token_ids(args.model, tokenizer), runner=runner,
                    first_token_choices=first_token_choices)
 
     def baseline(on_token=None, max_new_tokens=args.max_new_tokens):
         generator = torch.Generator(device).manual_seed(args.seed)
-        return generate_autoregressive(target, prompt_ids, max_new_tokens, generator=generator,
-                                       on_token=on_token, **options)
+        return generate_autoregressive(target, prompt_ids, max_new_tokens, generator=generator, on_token=on_token,
+                                       **options)
 
     def dflash(on_token=None, max_new_tokens=args.max_new_tokens):
         generator = torch.Generator(device).manual_seed(args.seed)
         if args.tree:
             return generate_dflash_tree(target, drafter, prompt_ids, max_new_tokens, budget=args.tree,
                                         generator=generator, on_token=on_token, **options)
-        return generate_dflash(target, drafter, prompt_ids, max_new_tokens, generator=generator,
-                               on_token=on_token, **options)
+        return generate_dflash(target, drafter, prompt_ids, max_new_tokens, draft_policy=args.draft_policy,
+                               generator=generator, on_token=on_token, **options)
 
+    names = {baseline: "baseline", dflash: f"DFlash tree {args.tree}" if args.tree else "DFlash"}
     loops = ([baseline] if args.compare or drafter is None else []) + ([dflash] if drafter is not None else [])
-    conditions = f"device {device}, {str(dtype).removeprefix('torch.')}, batch 1, compile {'on' if compile else 'off'}"
     # A short run of each loop first, outside the measured time: the first call pays one-time
     # costs (allocations, kernel selection; compiling and recording CUDA graphs when compiled).
     began = time.perf_counter()
     for loop in loops:
         loop(max_new_tokens=min(args.max_new_tokens, 2 * (block_size or 1) + 2))
-    conditions += f", warm-up {time.perf_counter() - began:.1f} s"
-    colour = sys.stdout.isatty() and not args.json
-    dflash_name = f"DFlash tree {args.tree}" if args.tree else "DFlash"
+    warm_up = time.perf_counter() - began
     results = {}
     for loop in loops:
-        printer = None if args.json else Printer(tokenizer, colour)
+        printer = None if args.json else Printer(tokenizer, sys.stdout.isatty())
         if printer is not None and args.compare:
-            print(f"--- {dflash_name if loop is dflash else 'baseline'}")
+            print(f"--- {names[loop]}")
         results[loop] = loop(on_token=printer)
         if printer is not None:
             print()
     final = results[loops[-1]]
     speedup = final.tokens_per_second / max(results[baseline].tokens_per_second, 1e-9) if args.compare else None
     if args.json:
-        report = {
-            "output_ids": final.new_ids,
-            "text": tokenizer.decode(final.new_ids, skip_special_tokens=True) if tokenizer is not None else "",
-            "acceptance_lengths": final.acceptance_lengths,
-            "mean_acceptance": final.mean_acceptance,
-            "tokens_per_second": final.tokens_per_second,
-            "new_tokens": final.new_tokens,
-            "steps": final.steps,
-        }
+        text = tokenizer.decode(final.new_ids, skip_special_tokens=True) if tokenizer is not None else ""
+        report = dict(output_ids=final.new_ids, text=text, acceptance_lengths=final.acceptance_lengths,
+                      mean_acceptance=final.mean_acceptance, tokens_per_second=final.tokens_per_second,
+                      new_tokens=final.new_tokens, steps=final.steps)
         if args.compare:
             report.update(baseline_output_ids=results[baseline].new_ids, speedup=speedup,
                           baseline_tokens_per_second=results[baseline].tokens_per_second)
         print(json.dumps(report))
         return 0
-    print(f"[{conditions}]", file=sys.stderr)
+    print(f"[device {device}, {str(dtype).removeprefix('torch.')}, batch 1, compile {'on' if compile else 'off'}, "
+          f"{sampling}, warm-up {warm_up:.1f} s]", file=sys.stderr)
     for loop, result in results.items():
-        name = dflash_name if loop is dflash else "baseline"
-        print(summary(name, result, block_size if loop is dflash else None), file=sys.stderr)
+        line = f"{names[loop]}: {result.new_tokens} new tokens in {result.seconds:.2f} s, " \
+               f"{result.tokens_per_second:.1f} tokens/s"
+        if loop is dflash:
+            line += (f", {result.steps} steps, tau {result.mean_acceptance:.2f}, "
+                     f"acceptance histogram (1..{block_size}) {result.histogram(block_size)}")
+        print(line, file=sys.stderr)
     if args.compare:
         print(f"speedup: {speedup:.2f}x", file=sys.stderr)
     return 0
