@@ -1,18 +1,14 @@
 """Generate text with a Qwen3 target, alone or sped up by a DFlash drafter.
 
-Three loops share everything but their inner step:
-
 - `generate_autoregressive`: one target forward pass per new token.
-- `generate_dflash`: the drafter guesses a whole block of tokens in one pass, the
-  target checks the block in one pass, and every guess up to the first wrong one is
-  kept, plus the target's own token at that point (the "bonus"). A step therefore
-  commits between 1 and `block_size` tokens for one target pass.
-- `generate_dflash_tree`: the same draft pass, but the drafter's per-slot
-  distributions grow a tree of guesses (`dflash/tree.py`); the target checks every
-  node in one pass, and the longest path it agrees with is kept.
+- `generate_dflash`: the drafter guesses a block of tokens in one pass, the target
+  checks the block in one pass, and every guess up to the first wrong one is kept,
+  plus the target's own token there: 1 to `block_size` tokens per target pass.
+- `generate_dflash_tree`: the same draft pass grows a tree of guesses (`dflash/tree.py`);
+  the target checks every node in one pass and the longest agreeing path is kept.
 
-Reading order: sampling, the result, the passes and the `ModelRunner` (caches,
-buffers), the loops, and the command line.
+Reading order: the acceptance rule, the result, the passes and the `ModelRunner`
+(caches, buffers), the loops, the command line.
 """
 
 from __future__ import annotations
@@ -34,6 +30,8 @@ from dflash.cli import (OneLineErrors, Prompt, UsageError, add_device_options, a
                         encode_for_generation, find_tokenizer, int_list, pick_device, pick_dtype, run_cli,
                         stop_token_ids)
 from dflash.drafter import Drafter
+from dflash.sampling import (GREEDY, Sampling, add_sampling_options, argmax, as_sampling, draw, keep_only,  # noqa: F401
+                             sample, sampling_of)
 from dflash.flex_reads import FilledBlocksCache
 from dflash.qwen3 import KVCache, Qwen3
 from dflash.tree import DraftTree, build_tree, path_slots, verify_inputs, walk
@@ -42,91 +40,7 @@ WEIGHTS = Path(__file__).parent / "weights"
 OnToken = Callable[[int, bool], None]  # (token id, came from an accepted draft)
 
 
-# ------------------------------------------------------------------------- sampling
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How a token is drawn from logits: argmax at temperature 0, else from the tempered
-    softmax cut down as Qwen3's `generation_config.json` asks (top-k, then top-p, then min-p)."""
-
-    temperature: float = 0.0
-    top_k: int = 0  # keep the k likeliest tokens (0: all)
-    top_p: float = 1.0  # keep the likeliest tokens until their probabilities sum to top_p
-    min_p: float = 0.0  # keep the tokens at least min_p times as likely as the likeliest
-
-    def __post_init__(self):
-        if self.temperature < 0:
-            raise UsageError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise UsageError(f"top-k must be >= 0 (0: no limit), got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise UsageError(f"top-p must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.min_p <= 1:
-            raise UsageError(f"min-p must be in [0, 1], got {self.min_p}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-    def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        """The distribution (..., vocab) a token is drawn from, in float64 (exact sums over 150,000 tokens)."""
-        probs = torch.softmax(logits.double() / self.temperature, dim=-1)  # (..., vocab)
-        if self.top_k:
-            kth = probs.topk(min(self.top_k, probs.shape[-1]), dim=-1).values[..., -1:]  # (..., 1)
-            probs = probs.where(probs >= kth, 0.0)
-        if self.top_p < 1:
-            ranked, order = probs.sort(dim=-1, descending=True)  # (..., vocab) each
-            likelier = ranked.cumsum(dim=-1) - ranked  # the mass of the tokens ranked above each one
-            ranked = ranked.where(likelier < self.top_p * ranked.sum(dim=-1, keepdim=True), 0.0)
-            probs = torch.zeros_like(probs).scatter(-1, order, ranked)
-        if self.min_p:
-            probs = probs.where(probs >= self.min_p * probs.amax(dim=-1, keepdim=True), 0.0)
-        return probs / probs.sum(dim=-1, keepdim=True)
-
-
-GREEDY = Sampling()
-
-
-def as_sampling(sampling: Sampling | float) -> Sampling:
-    """A bare number is a temperature: `sample(logits, 0.7)` reads as it should."""
-    return sampling if isinstance(sampling, Sampling) else Sampling(sampling)
-
-
-def argmax(logits: torch.Tensor) -> torch.Tensor:
-    """The index of the largest logit in each row (..., vocab) -> (...), the first one on a tie.
-
-    The same index as `logits.argmax(dim=-1)`; `max(...).indices` is faster on the CPU.
-    """
-    return logits.max(dim=-1).indices
-
-
-def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row of probabilities (..., vocab) -> (...), by inverse-CDF sampling.
-
-    One uniform number per row, and the first token whose running sum passes it: a
-    token of probability 0 adds nothing to the sum, so it is never picked. Exact, and
-    one cumulative sum costs far less than `torch.multinomial` on the CPU.
-    """
-    running = probs.cumsum(dim=-1)  # (..., vocab)
-    u = torch.rand(running.shape[:-1] + (1,), dtype=running.dtype, device=running.device, generator=generator)
-    picks = torch.searchsorted(running, u * running[..., -1:], right=True)  # (..., 1): first running sum > u
-    return picks.squeeze(-1).clamp_(max=probs.shape[-1] - 1)  # (...); the clamp guards a u rounded up to the sum
-
-
-def sample(logits: torch.Tensor, sampling: Sampling | float = GREEDY,
-           generator: torch.Generator | None = None) -> torch.Tensor:
-    """One token per row of logits (..., vocab) -> (...). Both loops draw through here, so the
-    speculative loop samples from exactly the distribution the plain loop samples from."""
-    sampling = as_sampling(sampling)
-    return argmax(logits) if sampling.greedy else draw(sampling.probs(logits), generator)
-
-
-def keep_only(logits: torch.Tensor, allowed: Sequence[int]) -> torch.Tensor:
-    """Logits (..., vocab) with every token outside `allowed` at -inf: token healing's first token."""
-    mask = torch.full_like(logits, float("-inf"))
-    mask[..., list(allowed)] = 0.0
-    return logits + mask
+# ------------------------------------------------------------------ the acceptance rule
 
 
 def verdicts(target_probs: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor | None,
@@ -174,27 +88,19 @@ def acceptance_histogram(acceptance_lengths: Sequence[int], block_size: int) -> 
 
 
 def per_position_acceptance(acceptance_lengths: Sequence[int], block_size: int) -> list[float | None]:
-    """For draft slots k = 1..block_size-1: how often slot k was kept, given slot k-1 was.
-
-    A step of acceptance length L kept slots 1..L-1 and, if L < B, rejected slot L; later
-    slots were never judged. So slot k was reached when L >= k and kept when L > k.
-    """
-    rates = []
-    for slot in range(1, block_size):
-        reached = sum(1 for length in acceptance_lengths if length >= slot)
-        kept = sum(1 for length in acceptance_lengths if length > slot)
-        rates.append(kept / reached if reached else None)
-    return rates
+    """For draft slots k = 1..B-1, how often slot k was kept once reached (a step of length L reaches k <= L)."""
+    reached = [sum(1 for length in acceptance_lengths if length >= slot) for slot in range(1, block_size)]
+    kept = [sum(1 for length in acceptance_lengths if length > slot) for slot in range(1, block_size)]
+    return [k / r if r else None for k, r in zip(kept, reached)]
 
 
 @dataclass
 class Generation:
     """What one call produced, and how fast.
 
-    The prefill yields the first new token and is not a step; every target pass after it
-    is one, and `acceptance_lengths[i]` is how many tokens step i committed (kept drafts +
-    the target's own token; always 1 in the plain loop). `seconds` covers prefill and
-    decoding but not the time spent in `on_token` (printing), reported apart.
+    The prefill gives the first new token and is not a step; each target pass after it is
+    one, and `acceptance_lengths[i]` is how many tokens step i committed (kept drafts + the
+    target's own; always 1 in the plain loop). `seconds` leaves out `on_token` (printing).
     """
 
     new_ids: list[int]
@@ -203,37 +109,26 @@ class Generation:
     callback_seconds: float = 0.0
     first_token_seconds: float = 0.0  # the prefill and the first sampling
 
-    @property
-    def new_tokens(self) -> int:
-        return len(self.new_ids)
-
-    @property
-    def steps(self) -> int:
-        return len(self.acceptance_lengths)
+    new_tokens = property(lambda self: len(self.new_ids))
+    steps = property(lambda self: len(self.acceptance_lengths))
+    tokens_per_second = property(lambda self: self.new_tokens / self.seconds if self.seconds > 0 else 0.0)
 
     @property
     def mean_acceptance(self) -> float:
         """tau: the mean number of tokens one verification pass commits (1.0 without a drafter)."""
         return sum(self.acceptance_lengths) / self.steps if self.steps else 0.0
 
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.seconds if self.seconds > 0 else 0.0
-
     def histogram(self, block_size: int) -> list[int]:
         return acceptance_histogram(self.acceptance_lengths, block_size)
 
 
 class Output:
-    """The committed new tokens: at most `limit`, nothing after the first stop token (kept).
-
-    Its clock starts at creation and leaves out the time spent in `on_token`.
-    """
+    """The committed new tokens (at most `limit`, nothing after a stop token), timed from creation
+    without the time spent in `on_token`."""
 
     def __init__(self, limit: int, stop_ids: Sequence[int], on_token: OnToken | None, device: torch.device):
         self.limit, self.stop_ids, self.on_token, self.device = limit, set(stop_ids), on_token, device
-        self.ids: list[int] = []
-        self.acceptance_lengths: list[int] = []
+        self.ids, self.acceptance_lengths = [], []
         self.callback_seconds = self.first_token_seconds = 0.0
         synchronize(device)  # earlier queued GPU work is not ours to time
         self.began = time.perf_counter()
@@ -272,16 +167,14 @@ def synchronize(device: torch.device) -> None:
 
 # ---------------------------------------------------------------- the model runner
 
-# The forward passes after the prefill, as plain functions of the models, a cache and
-# tensors. Each has a shape that does not depend on where in the sequence it runs (one
-# token, one block, one block of context plus one block, `budget + 1` tree nodes), so
-# compiled, each compiles once per process, for every runner and prompt alike. Greedy,
-# they return token ids; sampling, the logits, drawn from outside the compiled graph.
+# The passes after the prefill, as plain functions of the models, a cache and tensors.
+# Each has a shape that does not depend on where in the sequence it runs (one token, one
+# block, context plus block, `budget + 1` tree nodes), so compiled, each compiles once per
+# process. Greedy, they return token ids; sampling, the logits, drawn outside the graph.
 
 
 def decode_pass(target: Qwen3, cache: KVCache, token, position, greedy: bool):
-    hidden, _ = target(token, position, cache)  # (1, 1, hidden)
-    logits = target.logits(hidden[0])  # (1, vocab)
+    logits = target.logits(target(token, position, cache)[0][0])  # (1, vocab)
     return argmax(logits) if greedy else logits  # (1,) or (1, vocab)
 
 
@@ -291,50 +184,40 @@ def verify_pass(target: Qwen3, cache: KVCache, layer_ids, ids, positions, greedy
     return (argmax(logits) if greedy else logits), features  # features: (1, block or nodes, n_layers * hidden)
 
 
-def draft_logits(target: Qwen3, drafter: Drafter, cache: KVCache, context_features, context_positions, block_ids,
-                 block_positions):
+def draft_pass(target: Qwen3, drafter: Drafter, cache: KVCache, context_features, context_positions, block_ids,
+               block_positions, greedy: bool = True, tree_top_k: int = 0):
     hidden = drafter(context_features, target.embed_tokens(block_ids), context_positions, block_positions, cache=cache)
-    return target.logits(hidden[0, 1:])  # (block - 1, vocab): one distribution per drafted slot
-
-
-def draft_pass(*args, greedy: bool = True):
-    logits = draft_logits(*args)
+    logits = target.logits(hidden[0, 1:])  # (block - 1, vocab): one distribution per drafted slot
+    if tree_top_k:  # the tree's candidates, likeliest first: (block - 1, k) log-probabilities and ids
+        best = torch.log_softmax(logits.float(), dim=-1).topk(tree_top_k, dim=-1)
+        return best.values, best.indices
     return argmax(logits) if greedy else logits  # (block - 1,) or (block - 1, vocab)
 
 
-def draft_tree_pass(top_k: int, *args):
-    logprobs = torch.log_softmax(draft_logits(*args).float(), dim=-1)  # (block - 1, vocab)
-    best = logprobs.topk(top_k, dim=-1)  # the tree's candidates, likeliest first
-    return best.values, best.indices  # (block - 1, k) each
-
-
-PASSES = {"decode": decode_pass, "verify": verify_pass, "draft": draft_pass, "draft_tree": draft_tree_pass}
+PASSES = {"decode": decode_pass, "verify": verify_pass, "draft": draft_pass}
 
 
 @functools.cache
 def compiled_pass(name: str, shape: tuple, backend, mode: str | None):
-    """`PASSES[name]` compiled once per process and runner shape, shared by every runner of that shape.
+    """`PASSES[name]` compiled once per process and runner shape, for every runner of that shape.
 
-    Dynamo allows a function 8 graphs; a benchmark of several block sizes, greedy and
-    sampled, needs more. So each shape compiles its own copy of the function (a new code
-    object, the same code).
+    Dynamo allows one function 8 graphs, and a benchmark of several shapes, greedy and
+    sampled, needs more: so each shape compiles its own copy (a new code object, the same code).
     """
     function = PASSES[name]
-    copy = types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__,
-                              function.__defaults__)
-    copy.__kwdefaults__ = function.__kwdefaults__
+    copy = types.FunctionType(function.__code__.replace(), function.__globals__, name, function.__defaults__)
     return torch.compile(copy, backend=backend, mode=mode, fullgraph=True, dynamic=False)
 
 
 class ModelRunner:
     """The caches, the buffers and the passes of the loops, built once and reused across calls.
 
-    The caches' `length` says what is committed. Each pass writes its chunk right after
-    it; the loops then commit (`extend`) what they keep and trim the rest. Compiled, the
-    caches are read whole under a position mask (`KVCache.fixed_shape`), and every output
-    the loop keeps past the next pass is copied into a buffer the runner owns: under CUDA
-    graphs a pass may reuse the memory of the previous one's outputs. `clock`, when set,
-    is entered as `with clock(phase):` around each pass (`bench.py` times phases so).
+    The caches' `length` says what is committed; each pass writes its chunk right after it,
+    and the loops commit (`extend`) or cut back (`trim`). Compiled, the caches are read
+    whole under a position mask (`KVCache.fixed_shape`), and every output the loop keeps
+    past the next pass is copied into a buffer the runner owns: under CUDA graphs a pass may
+    reuse the memory of the previous one's outputs. `clock`, when set, is entered as
+    `with clock(phase):` around each pass (`bench.py` times the phases so).
     """
 
     def __init__(self, target: Qwen3, drafter: Drafter | None = None, *, max_length: int,
@@ -343,7 +226,7 @@ class ModelRunner:
         self.target, self.drafter, self.max_length = target, drafter, max_length
         self.block_size = block_size or (drafter.config.block_size if drafter is not None else 1)
         self.tree_budget = tree_budget  # drafted nodes per tree (0: chains only)
-        # Candidates per slot: a node's r-th child needs r - 1 siblings first, so more than the budget is never used.
+        # A node's r-th child needs r - 1 siblings first, so more candidates than the budget are never used.
         self.tree_top_k = min(tree_top_k or max(tree_budget, 1), target.config.vocab_size)
         cache_type = FilledBlocksCache if flex_attention else KVCache  # see dflash/flex_reads.py
         weight = target.embed_tokens.weight
@@ -352,18 +235,18 @@ class ModelRunner:
         self.layer_ids = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
         self.mask_token_id = drafter.config.mask_token_id if drafter is not None else 0
         device, width, nodes = weight.device, len(self.layer_ids) * target.config.hidden_size, tree_budget + 1
-        self.block_offsets = torch.arange(self.block_size, device=device)
-        self.token_ids = torch.zeros(1, 1, dtype=torch.long, device=device)  # decode's input
-        self.block_ids = torch.zeros(1, self.block_size, dtype=torch.long, device=device)  # [last, drafts]
-        self.target_tokens = torch.zeros(self.block_size, dtype=torch.long, device=device)
-        self.features = torch.zeros(1, self.block_size, width, dtype=weight.dtype, device=device)  # the last verify's
+        zeros = functools.partial(torch.zeros, device=device)
+        self.block_offsets, self.node_offsets = torch.arange(self.block_size, device=device), torch.arange(nodes,
+                                                                                                          device=device)
+        self.token_ids = zeros(1, 1, dtype=torch.long)  # decode's input
+        self.block_ids = zeros(1, self.block_size, dtype=torch.long)  # [last, drafts]
+        self.target_tokens = zeros(self.block_size, dtype=torch.long)  # what the last verify committed per slot
+        self.features = zeros(1, self.block_size, width, dtype=weight.dtype)  # the last verify's, for the drafter
         self.draft_probs: torch.Tensor | None = None  # q of the sampled draft slots, for the verdicts
-        # The tree's: the drafter's candidates per slot, then the target's token and features at every node.
-        self.draft_logprobs = torch.zeros(self.block_size - 1, self.tree_top_k, device=device)
-        self.draft_candidates = torch.zeros(self.block_size - 1, self.tree_top_k, dtype=torch.long, device=device)
-        self.node_offsets = torch.arange(nodes, device=device)
-        self.node_tokens = torch.zeros(nodes, dtype=torch.long, device=device)
-        self.node_features = torch.zeros(1, nodes, width, dtype=weight.dtype, device=device)
+        self.draft_logprobs = zeros(self.block_size - 1, self.tree_top_k)  # the tree's candidates per slot
+        self.draft_candidates = zeros(self.block_size - 1, self.tree_top_k, dtype=torch.long)
+        self.node_tokens = zeros(nodes, dtype=torch.long)  # the target's token and features at every node
+        self.node_features = zeros(1, nodes, width, dtype=weight.dtype)
         self.compiled, self.clock, self.passes = compile, None, dict(PASSES)
         if compile:
             for cache in self.caches():
@@ -380,18 +263,17 @@ class ModelRunner:
         return self.clock(phase) if self.clock is not None else contextlib.nullcontext()
 
     def prefill(self, prompt: torch.Tensor, sampling: Sampling | float, generator: torch.Generator | None,
-                first_token_choices: Sequence[int] | None = None) -> tuple[int, torch.Tensor | None]:
-        """Run the prompt (1, n) through the target, eagerly (its shape changes with every prompt).
+                first_token_choices: Sequence[int] | None = None) -> tuple[int, torch.Tensor]:
+        """Run the prompt (1, n) through the target, eagerly (its length changes with every prompt).
 
-        Returns the first new token (among `first_token_choices` only, when token healing
-        gives them) and the target's features at every prompt position (1, n, F) for the drafter.
+        Returns the first new token (among `first_token_choices` when token healing gives
+        them) and the target's features at every prompt position (1, n, F) for the drafter.
         """
-        n = prompt.shape[1]
         for cache in self.caches():
             cache.trim(0)
-        hidden, features = self.target(prompt, torch.arange(n, device=prompt.device), self.target_cache,
-                                       capture_layers=self.layer_ids)
-        self.target_cache.extend(n)
+        positions = torch.arange(prompt.shape[1], device=prompt.device)  # (n,)
+        hidden, features = self.target(prompt, positions, self.target_cache, capture_layers=self.layer_ids)
+        self.target_cache.extend(prompt.shape[1])
         logits = self.target.logits(hidden[0, -1])  # (vocab,)
         if first_token_choices is not None:
             logits = keep_only(logits, first_token_choices)
@@ -408,45 +290,42 @@ class ModelRunner:
             return (picks[0] if sampling.greedy else sample(picks[0], sampling, generator)).item()
 
     def draft(self, context_features: torch.Tensor, last_token: int, start: int, after_prefill: bool) -> torch.Tensor:
-        """Guess the block after `last_token` (at position `start`): (block - 1,) token ids, in the runner's buffer.
+        """Guess the block after `last_token` (at position `start`): (block - 1,) ids, in the runner's buffer.
 
-        `context_features` (1, ctx, F) are the target's features at the positions the
-        drafter has not seen: the prompt's right after the prefill (any length, so that
-        pass runs eagerly), later the last verify's block, of which `start -
-        drafter_cache.length` positions were accepted.
+        `context_features` (1, ctx, F) are the target's features where the drafter has not
+        looked yet: the prompt's right after the prefill (any length: that pass runs
+        eagerly), later the last verify's block, of which `start - drafter_cache.length` were kept.
         """
         with self.timed("draft"):
             self.draft_probs = None
-            self.block_ids[0, 1:] = self.run_drafter("draft", context_features, last_token, start, after_prefill)
+            self.block_ids[0, 1:] = self.run_drafter(context_features, last_token, start, after_prefill)
             return self.block_ids[0, 1:]
 
     def draft_sampled(self, context_features: torch.Tensor, last_token: int, start: int, after_prefill: bool,
                       sampling: Sampling, sampled: int, generator: torch.Generator | None) -> torch.Tensor:
-        """As `draft`, but the first `sampled` slots are drawn from the drafter's distribution q,
-        which `verify` then needs (`draft_probs`); the slots after them are its argmax."""
+        """As `draft`, but the first `sampled` slots are drawn from the drafter's distribution q
+        (kept in `draft_probs` for `verify`); the slots after them are its argmax."""
         with self.timed("draft"):
-            logits = self.run_drafter("draft", context_features, last_token, start, after_prefill, greedy=False)
+            logits = self.run_drafter(context_features, last_token, start, after_prefill, greedy=False)
             self.draft_probs = sampling.probs(logits[:sampled])  # (sampled, vocab)
-            drafts = torch.cat([draw(self.draft_probs, generator), argmax(logits[sampled:])])  # (block - 1,)
-            self.block_ids[0, 1:] = drafts
+            self.block_ids[0, 1:] = torch.cat([draw(self.draft_probs, generator), argmax(logits[sampled:])])
             return self.block_ids[0, 1:]
 
     def draft_tree(self, context_features: torch.Tensor, last_token: int, start: int, after_prefill: bool):
-        """The drafter's `tree_top_k` likeliest tokens at each slot after `last_token`, as `draft` runs it.
-
-        Returns log-probabilities and token ids, (block - 1, k) each, likeliest first, in
-        the runner's buffers: slot d's are the candidates for depth d of the tree.
-        """
+        """The drafter's `tree_top_k` likeliest tokens at each slot, as `draft` runs it: log-probabilities
+        and ids, (block - 1, k) each, likeliest first; slot d's are the candidates at depth d of the tree."""
         with self.timed("draft"):
-            logprobs, candidates = self.run_drafter("draft_tree", context_features, last_token, start, after_prefill)
+            logprobs, ids = self.run_drafter(context_features, last_token, start, after_prefill,
+                                             tree_top_k=self.tree_top_k)
             self.draft_logprobs.copy_(logprobs)
-            self.draft_candidates.copy_(candidates)
+            self.draft_candidates.copy_(ids)
             return self.draft_logprobs, self.draft_candidates
 
-    def run_drafter(self, name: str, context_features, last_token: int, start: int, after_prefill: bool, **options):
+    def run_drafter(self, context_features, last_token: int, start: int, after_prefill: bool, greedy: bool = True,
+                    tree_top_k: int = 0):
         """Feed the drafter its new context and the block [last_token, MASK, ...]; commit the context it keeps.
 
-        Eager passes read only the accepted context; a compiled pass reads the whole last
+        Eager, the pass reads only the accepted context; compiled, it reads the whole last
         block for a fixed shape, and the block it drafts overwrites the rejected tail.
         """
         committed = start - self.drafter_cache.length  # context positions accepted since the last draft
@@ -457,19 +336,17 @@ class ModelRunner:
                                                                      device=self.block_ids.device)
         self.block_ids[0, 0] = last_token
         self.block_ids[0, 1:] = self.mask_token_id
-        run = self.passes[name] if fixed else PASSES[name]  # the prompt's context: any length, eager
-        args = (self.target, self.drafter, self.drafter_cache, context_features, context_positions, self.block_ids,
-                self.block_offsets + start)
-        drafted = run(self.tree_top_k, *args) if name == "draft_tree" else run(*args, **options)
+        run = self.passes["draft"] if fixed else PASSES["draft"]  # the prompt's context: any length, eager
+        drafted = run(self.target, self.drafter, self.drafter_cache, context_features, context_positions,
+                      self.block_ids, self.block_offsets + start, greedy, tree_top_k)
         self.drafter_cache.extend(committed)  # the context is kept; the block's slots were scratch
         return drafted
 
     def verify(self, drafts: torch.Tensor, sampling: Sampling | float, generator: torch.Generator | None):
         """The token the target commits after each slot of [last token, drafts] (block,), and its features.
 
-        The block sits right after the committed tokens, and the cache is extended over
-        all of it: the loop trims the rejected tail once it knows how much was accepted.
-        Both results live in the runner's buffers until the next verify.
+        The cache is extended over the whole block; the loop trims the rejected tail once it
+        knows how much was kept. Both results live in the runner's buffers until the next verify.
         """
         sampling = as_sampling(sampling)
         with self.timed("verify"):
@@ -487,9 +364,8 @@ class ModelRunner:
     def verify_tree(self, tree: DraftTree, sampling: Sampling | float, generator: torch.Generator | None):
         """The target's token after each node of `tree` (budget + 1,), padding nodes included.
 
-        Node i goes to cache slot start + i at position start + depth(i) and sees the
-        committed tokens, its ancestors and itself (`verify_inputs`). Nothing is committed:
-        `keep_path` does it once the walk has chosen the path.
+        Node i goes to cache slot start + i at position start + depth(i) and sees the committed
+        tokens, its ancestors and itself (`verify_inputs`). `keep_path` commits the chosen path.
         """
         sampling = as_sampling(sampling)
         with self.timed("verify"):
@@ -498,17 +374,14 @@ class ModelRunner:
             picks, features = self.passes["verify"](self.target, self.target_cache, self.layer_ids, tokens[None],
                                                     depths + start, sampling.greedy, self.node_offsets + start,
                                                     tree_mask)
-            self.node_tokens.copy_(sample(picks, sampling, generator) if not sampling.greedy else picks)
+            self.node_tokens.copy_(picks if sampling.greedy else sample(picks, sampling, generator))
             self.node_features.copy_(features)
             return self.node_tokens
 
     def keep_path(self, path: list[int]) -> torch.Tensor:
-        """Commit the accepted `path` (node indices, root first) of the last tree verify.
-
-        Its keys and values move next to the committed ones (`path_slots`, `KVCache.compact`);
-        its features move to the front of the features buffer (1, block, F), where the next
-        draft reads its context, as after a chain's verify.
-        """
+        """Commit the accepted `path` (node indices, root first) of the last tree verify: its keys and
+        values move next to the committed ones, its features to the front of `features` (1, block, F),
+        where the next draft reads its context, as after a chain's verify."""
         start, device = self.target_cache.length, self.node_offsets.device
         self.target_cache.compact(torch.tensor(path_slots(path, start), device=device), start)
         self.target_cache.extend(len(path))
@@ -535,24 +408,20 @@ def check_request(target: Qwen3, prompt_ids: Sequence[int], max_new_tokens: int,
     if drafter is not None and not 2 <= block_size <= drafter.config.block_size:
         raise UsageError(f"block size must be between 2 and the drafter's {drafter.config.block_size}, "
                          f"got {block_size}")
-    if runner is None:
-        return
     chunk = max(block_size, tree_budget + 1)  # the last block or tree may reach past the output
-    needed = len(prompt_ids) + max_new_tokens + chunk
-    if (block_size, tree_budget or runner.tree_budget) != (runner.block_size, runner.tree_budget):
+    if runner is not None and (block_size, tree_budget or runner.tree_budget) != (runner.block_size,
+                                                                                  runner.tree_budget):
         raise UsageError(f"block size {block_size} and tree budget {tree_budget} differ from the runner's "
                          f"{runner.block_size} and {runner.tree_budget}")
-    if needed > runner.max_length:
+    if runner is not None and len(prompt_ids) + max_new_tokens + chunk > runner.max_length:
         raise UsageError(f"prompt ({len(prompt_ids)}) + max_new_tokens ({max_new_tokens}) + block or tree "
-                         f"({chunk}) needs {needed} cache slots, the runner has {runner.max_length}")
+                         f"({chunk}) needs more than the runner's {runner.max_length} cache slots")
 
 
 def begin(target: Qwen3, drafter: Drafter | None, prompt_ids: Sequence[int], max_new_tokens: int, runner,
           block_size: int, tree_budget: int, sampling: Sampling, generator, first_token_choices, stop_ids, on_token):
-    """Check the request, build a runner if none was given, prefill, and commit the first new token.
-
-    Returns the runner, the output, the first token and the prompt's features.
-    """
+    """What every loop does first: check the request, build a runner if none was given, prefill,
+    and commit the first new token. Returns the runner, the output, that token and the prompt's features."""
     check_request(target, prompt_ids, max_new_tokens, runner, drafter, block_size, tree_budget)
     runner = runner or ModelRunner(target, drafter, block_size=block_size, tree_budget=tree_budget,
                                    max_length=len(prompt_ids) + max_new_tokens + max(block_size, tree_budget + 1))
@@ -572,8 +441,8 @@ def generate_autoregressive(target: Qwen3, prompt_ids: Sequence[int], max_new_to
                             first_token_choices: Sequence[int] | None = None) -> Generation:
     """The baseline: prefill the prompt, then one target pass per new token.
 
-    `sampling` (default: plain softmax at `temperature`) says how tokens are drawn;
-    `first_token_choices` (from token healing) restricts the first new token to a set.
+    `sampling` (default: the plain softmax at `temperature`) says how tokens are drawn;
+    `first_token_choices` (token healing) restricts the first new token to a set.
     """
     sampling = sampling or Sampling(temperature)
     block_size = runner.block_size if runner is not None else 1
@@ -596,11 +465,10 @@ def generate_dflash(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int], 
     """Speculative decoding with a DFlash drafter: draft a block, verify it, keep the agreeing prefix.
 
     A draft is kept exactly when it equals the token the target commits at its slot
-    (`verdicts`: rejection sampling, so every committed token follows the target's
-    distribution), and the target's token after the kept drafts is committed too. The
-    output is distributed exactly as `generate_autoregressive`'s, and equal to it greedy.
-    `draft_policy` (above temperature 0): `greedy` drafts the drafter's argmax, `sampled`
-    draws every slot from it, `mixed:K` draws the first K slots and takes the argmax after.
+    (`verdicts`, rejection sampling), and the target's token after the kept drafts is
+    committed too: the output is distributed exactly as `generate_autoregressive`'s, and
+    equal to it when greedy. Above temperature 0, `draft_policy` is `greedy` (the drafter's
+    argmax), `sampled` (every slot drawn from it) or `mixed:K` (the first K slots drawn).
     """
     sampling = sampling or Sampling(temperature)
     block_size = block_size or (runner.block_size if runner is not None else drafter.config.block_size)
@@ -630,14 +498,12 @@ def generate_dflash_tree(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[i
                          generator: torch.Generator | None = None, on_token: OnToken | None = None,
                          runner: ModelRunner | None = None,
                          first_token_choices: Sequence[int] | None = None) -> Generation:
-    """Speculative decoding with draft trees: draft a block, grow a tree of `budget` guesses, keep the agreeing path.
+    """Speculative decoding with a tree of the `budget` continuations the drafter finds likeliest.
 
-    One draft pass gives a distribution for every slot; the tree holds the `budget`
-    continuations the drafter finds likeliest, and the target checks all of them in one
-    pass (`dflash/tree.py`). The walk keeps the path along which every draft equals the
-    target's own token, plus the target's token after it, so the output is distributed
-    exactly as `generate_autoregressive`'s (see `walk`). Its children are chosen, not
-    sampled: a tree of sampled children would need a multi-draft acceptance rule.
+    The target checks every node in one pass (`dflash/tree.py`); the walk keeps the path
+    along which every draft equals the target's own token, plus the target's token after it,
+    so the output is distributed exactly as `generate_autoregressive`'s (see `walk`). The
+    children are chosen, not sampled: sampled children would need a multi-draft rule.
     """
     sampling = sampling or Sampling(temperature)
     block_size = block_size or (runner.block_size if runner is not None else drafter.config.block_size)
@@ -665,18 +531,15 @@ def generate_dflash_tree(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[i
 EXAMPLES = """\
 examples:
   python generate.py --prompt "Mia has 14 apples. She buys 9 more. How many apples are there now?"
-  python generate.py --prompt "There are 6 trays with 12 muffins in each. The baker sells 20 of the muffins and then gets 5 more. How many muffins are there now?" --compare
-  python generate.py --prompt "Leo buys 3 pens that cost 4 dollars each. He pays with 20 dollars. How much change does Leo get?" --compare --tree 32
-  python generate.py --prompt "Tom has 7 cards. Ana has twice as many cards as Tom. How many cards does Ana have?" --sample-from-config
-  python generate.py --prompt "Tom has 7 cards. How many cards does Tom have?" --temperature 1.0 --top-k 20 --draft-policy mixed:2
-  python generate.py --model weights/Qwen3-8B --draft weights/Qwen3-8B-DFlash-b16 --prompt "Explain KV caches."
-  python generate.py --prompt-ids 1,2,3 --model tests/fixtures/qwen3-tiny-sharded \\
-      --draft tests/fixtures/dflash-tiny --json
+  python generate.py --prompt "Leo buys 3 pens that cost 4 dollars each. He pays with 20 dollars. How much change does Leo get?" --compare --tree 16
+  python generate.py --prompt "Tom has 7 cards. Ana has twice as many cards as Tom. How many cards does Ana have?" --sample-from-config --draft-policy mixed:2
+  python generate.py --model weights/Qwen3-8B --draft weights/Qwen3-8B-DFlash-b16 --prompt "Explain KV caches." --compare
+  python generate.py --prompt-ids 1,2,3 --model tests/fixtures/qwen3-tiny-sharded --draft tests/fixtures/dflash-tiny --json
 
-On a terminal, tokens that came from accepted drafts are green. --json prints one
-object: output_ids (the new tokens only), text, acceptance_lengths, mean_acceptance,
-tokens_per_second, new_tokens, steps (and with --compare baseline_output_ids,
-baseline_tokens_per_second, speedup). Bad input exits with status 2.
+On a terminal, tokens from accepted drafts are green. --json prints one object: output_ids
+(the new tokens), text, acceptance_lengths, mean_acceptance, tokens_per_second, new_tokens,
+steps (with --compare also baseline_output_ids, baseline_tokens_per_second, speedup).
+Bad input exits with status 2.
 """
 
 
@@ -693,60 +556,24 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_options(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--block-size", type=int, help="tokens per draft block (2..the drafter's; default the drafter's)")
-    p.add_argument("--tree", type=int, default=0, metavar="N",
-                   help="verify a draft tree of N nodes per step instead of the chain (0, the default: the chain)")
+    p.add_argument("--tree", type=int, default=0, metavar="N", help="verify a draft tree of N nodes per step")
     add_device_options(p)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the fixed-shape passes (default: on for CUDA, off for CPU)")
     p.add_argument("--flex-attention", action="store_true",
-                   help="attend with FlexAttention, reading only the filled part of the caches (for compiled "
-                        "passes on CUDA; exact everywhere, slow uncompiled; not yet measured on a GPU)")
+                   help="read the caches through FlexAttention, only their filled blocks (for compiled passes on "
+                        "CUDA; exact everywhere, slow uncompiled; not yet measured on a GPU)")
     add_prompt_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
     return p
 
 
-def add_sampling_options(p: argparse.ArgumentParser) -> None:
-    """How tokens are drawn, alike in generate.py, bench.py and make_data.py."""
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
-    p.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens only (0: all)")
-    p.add_argument("--top-p", type=float, default=1.0, help="sample among the likeliest tokens that sum to p")
-    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens under min-p times the likeliest's probability")
-    p.add_argument("--sample-from-config", action="store_true",
-                   help="take temperature, top-k and top-p from the model's generation_config.json")
-    p.add_argument("--draft-policy", default="greedy", metavar="greedy|sampled|mixed:K",
-                   help="above temperature 0: draft the drafter's argmax (default), sample every slot from it, "
-                        "or sample the first K slots")
-
-
-def sampling_of(args, model: Path) -> Sampling:
-    """The `Sampling` the options ask for; `--sample-from-config` reads what the checkpoint recommends."""
-    if not args.sample_from_config:
-        return Sampling(args.temperature, args.top_k, args.top_p, args.min_p)
-    path = Path(model) / "generation_config.json"
-    if not path.is_file():
-        raise UsageError(f"--sample-from-config: {path} not found")
-    config = json.loads(path.read_text())
-    if not config.get("do_sample", False):
-        return Sampling()
-    return Sampling(config.get("temperature", 1.0), config.get("top_k", 0) or 0, config.get("top_p", 1.0),
-                    config.get("min_p", 0.0) or 0.0)
-
-
-def command_line_prompt(args) -> Prompt:
-    if args.prompt_ids is not None:
-        return Prompt("--prompt-ids", ids=args.prompt_ids)
-    if args.prompt is None:
-        raise UsageError("give a prompt with --prompt TEXT or --prompt-ids 1,2,3")
-    return Prompt("--prompt", text=args.prompt)
-
-
 class Printer:
     """Streams committed tokens as text; on a terminal, accepted drafts are green.
 
-    Only the tokens since the last printed piece (and the one before, for context such
-    as a leading space) are decoded again, so printing costs the same per token however
-    long the output grows; a piece that ends inside a multi-byte character waits.
+    Only the tokens since the last printed piece (and the one before, for context such as a
+    leading space) are decoded again, so printing costs the same per token however long the
+    output grows; a piece that ends inside a multi-byte character waits for the rest.
     """
 
     GREEN, RESET = "\033[32m", "\033[0m"
@@ -754,20 +581,17 @@ class Printer:
     def __init__(self, tokenizer, colour: bool, out=None):
         self.tokenizer, self.colour, self.out = tokenizer, colour, out or sys.stdout
         self.ids: list[int] = []
-        self.printed = 0  # ids[:printed] are on the screen
-        self.context = 0  # ids[context:printed] are decoded again, as the left context of the new ones
+        self.printed = self.context = 0  # ids[:printed] are shown; ids[context:printed] are decoded again
 
     def __call__(self, token: int, drafted: bool) -> None:
         self.ids.append(token)
-        if self.tokenizer is None:
-            piece = f"{token} "
-        else:
+        piece = f"{token} "
+        if self.tokenizer is not None:
             known = self.tokenizer.decode(self.ids[self.context:self.printed], skip_special_tokens=True)
             text = self.tokenizer.decode(self.ids[self.context:], skip_special_tokens=True)
             if text.endswith("\ufffd"):  # an unfinished multi-byte character: wait for the rest
                 return
-            piece = text[len(known):]
-            self.context, self.printed = self.printed, len(self.ids)
+            piece, self.context, self.printed = text[len(known):], self.printed, len(self.ids)
         self.out.write(self.GREEN + piece + self.RESET if self.colour and drafted else piece)
         self.out.flush()
 
@@ -775,27 +599,28 @@ class Printer:
 def run(args) -> int:
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
-    if args.tree < 0:
-        raise UsageError(f"--tree must be 0 (the chain) or a number of nodes, got {args.tree}")
+    if args.prompt is None and args.prompt_ids is None:
+        raise UsageError("give a prompt with --prompt TEXT or --prompt-ids 1,2,3")
+    if args.tree < 0 or args.tree and args.draft_policy != "greedy":
+        raise UsageError("--tree takes a number of nodes >= 0, and the drafter's likeliest tokens "
+                         "(--draft-policy greedy)")
     sampling = sampling_of(args, args.model)
     target = Qwen3.from_pretrained(args.model, device=device, dtype=dtype)
     use_draft = not args.no_draft or args.compare
     drafter = Drafter.from_pretrained(args.draft, target=target, device=device, dtype=dtype) if use_draft else None
     tokenizer = find_tokenizer(args.model)
-    prompt_ids, first_token_choices = encode_for_generation(command_line_prompt(args), tokenizer, args.chat,
-                                                            args.thinking, args.token_healing)
-    block_size = (args.block_size or drafter.config.block_size) if drafter is not None else None
-    if drafter is not None:
-        sampled_slots(args.draft_policy, block_size, sampling)  # refuse a bad policy before any work
-    if args.tree and args.draft_policy != "greedy":
-        raise UsageError("draft trees take the drafter's likeliest tokens: use --draft-policy greedy with --tree")
+    prompt = Prompt("--prompt", text=args.prompt) if args.prompt_ids is None else Prompt("--prompt-ids",
+                                                                                          ids=args.prompt_ids)
+    prompt_ids, choices = encode_for_generation(prompt, tokenizer, args.chat, args.thinking, args.token_healing)
+    block_size = (args.block_size or drafter.config.block_size) if drafter is not None else 1
+    sampled_slots(args.draft_policy, block_size, sampling)  # a bad policy is refused before any work
     compile = device.type == "cuda" if args.compile is None else args.compile
-    runner = ModelRunner(target, drafter, max_length=len(prompt_ids) + args.max_new_tokens + max(block_size or 1,
+    runner = ModelRunner(target, drafter, max_length=len(prompt_ids) + args.max_new_tokens + max(block_size,
                                                                                                 args.tree + 1),
                          block_size=block_size, tree_budget=args.tree, compile=compile,
                          mode="reduce-overhead" if device.type == "cuda" else None, flex_attention=args.flex_attention)
     options = dict(sampling=sampling, stop_ids=stop_token_ids(args.model, tokenizer), runner=runner,
-                   first_token_choices=first_token_choices)
+                   first_token_choices=choices)
 
     def baseline(on_token=None, max_new_tokens=args.max_new_tokens):
         generator = torch.Generator(device).manual_seed(args.seed)
@@ -812,29 +637,24 @@ def run(args) -> int:
 
     names = {baseline: "baseline", dflash: f"DFlash tree {args.tree}" if args.tree else "DFlash"}
     loops = ([baseline] if args.compare or drafter is None else []) + ([dflash] if drafter is not None else [])
-    # A short run of each loop first, outside the measured time: the first call pays one-time
-    # costs (allocations, kernel selection; compiling and recording CUDA graphs when compiled).
-    began = time.perf_counter()
-    for loop in loops:
-        loop(max_new_tokens=min(args.max_new_tokens, 2 * (block_size or 1) + 2))
-    warm_up = time.perf_counter() - began
-    results = {}
+    began = time.perf_counter()  # a short run of each loop first, outside the measured time: the first call
+    for loop in loops:  # pays one-time costs (allocations, kernel choice; compiling and recording CUDA graphs)
+        loop(max_new_tokens=min(args.max_new_tokens, 2 * block_size + 2))
+    warm_up, results = time.perf_counter() - began, {}
     for loop in loops:
         printer = None if args.json else Printer(tokenizer, sys.stdout.isatty())
-        if printer is not None and args.compare:
-            print(f"--- {names[loop]}")
+        print(f"--- {names[loop]}" if printer and args.compare else "", end="\n" if printer and args.compare else "")
         results[loop] = loop(on_token=printer)
-        if printer is not None:
-            print()
+        print("" if printer else "", end="\n" if printer else "")
     final = results[loops[-1]]
-    speedup = final.tokens_per_second / max(results[baseline].tokens_per_second, 1e-9) if args.compare else None
     if args.json:
         text = tokenizer.decode(final.new_ids, skip_special_tokens=True) if tokenizer is not None else ""
         report = dict(output_ids=final.new_ids, text=text, acceptance_lengths=final.acceptance_lengths,
                       mean_acceptance=final.mean_acceptance, tokens_per_second=final.tokens_per_second,
                       new_tokens=final.new_tokens, steps=final.steps)
         if args.compare:
-            report.update(baseline_output_ids=results[baseline].new_ids, speedup=speedup,
+            report.update(baseline_output_ids=results[baseline].new_ids, speedup=final.tokens_per_second /
+                          max(results[baseline].tokens_per_second, 1e-9),
                           baseline_tokens_per_second=results[baseline].tokens_per_second)
         print(json.dumps(report))
         return 0
@@ -848,7 +668,8 @@ def run(args) -> int:
                      f"acceptance histogram (1..{block_size}) {result.histogram(block_size)}")
         print(line, file=sys.stderr)
     if args.compare:
-        print(f"speedup: {speedup:.2f}x", file=sys.stderr)
+        print(f"speedup: {final.tokens_per_second / max(results[baseline].tokens_per_second, 1e-9):.2f}x",
+              file=sys.stderr)
     return 0
 
 

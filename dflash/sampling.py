@@ -1,0 +1,129 @@
+"""How a token is drawn from logits, alike in every program: greedy, or sampled as Qwen3 users sample.
+
+Every official Qwen3 checkpoint's `generation_config.json` asks for a temperature
+with top-k and top-p; serving engines add min-p. The filters cut the tempered
+softmax down to its likeliest tokens and renormalise what is left.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from dflash.cli import UsageError
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How a token is drawn from logits: argmax at temperature 0, else from the tempered
+    softmax cut down as Qwen3's `generation_config.json` asks (top-k, then top-p, then min-p)."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # keep the k likeliest tokens (0: all)
+    top_p: float = 1.0  # keep the likeliest tokens until their probabilities sum to top_p
+    min_p: float = 0.0  # keep the tokens at least min_p times as likely as the likeliest
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise UsageError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise UsageError(f"top-k must be >= 0 (0: no limit), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise UsageError(f"top-p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.min_p <= 1:
+            raise UsageError(f"min-p must be in [0, 1], got {self.min_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        """The distribution (..., vocab) a token is drawn from, in float64 (exact sums over 150,000 tokens)."""
+        probs = torch.softmax(logits.double() / self.temperature, dim=-1)  # (..., vocab)
+        if self.top_k:
+            kth = probs.topk(min(self.top_k, probs.shape[-1]), dim=-1).values[..., -1:]  # (..., 1)
+            probs = probs.where(probs >= kth, 0.0)
+        if self.top_p < 1:
+            ranked, order = probs.sort(dim=-1, descending=True)  # (..., vocab) each
+            likelier = ranked.cumsum(dim=-1) - ranked  # the mass of the tokens ranked above each one
+            ranked = ranked.where(likelier < self.top_p * ranked.sum(dim=-1, keepdim=True), 0.0)
+            probs = torch.zeros_like(probs).scatter(-1, order, ranked)
+        if self.min_p:
+            probs = probs.where(probs >= self.min_p * probs.amax(dim=-1, keepdim=True), 0.0)
+        return probs / probs.sum(dim=-1, keepdim=True)
+
+
+GREEDY = Sampling()
+
+
+def as_sampling(sampling: Sampling | float) -> Sampling:
+    """A bare number is a temperature: `sample(logits, 0.7)` reads as it should."""
+    return sampling if isinstance(sampling, Sampling) else Sampling(sampling)
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """The index of the largest logit in each row (..., vocab) -> (...), the first one on a tie.
+
+    The same index as `logits.argmax(dim=-1)`; `max(...).indices` is faster on the CPU.
+    """
+    return logits.max(dim=-1).indices
+
+
+def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token per row of probabilities (..., vocab) -> (...), by inverse-CDF sampling.
+
+    One uniform number per row, and the first token whose running sum passes it: a
+    token of probability 0 adds nothing to the sum, so it is never picked. Exact, and
+    one cumulative sum costs far less than `torch.multinomial` on the CPU.
+    """
+    running = probs.cumsum(dim=-1)  # (..., vocab)
+    u = torch.rand(running.shape[:-1] + (1,), dtype=running.dtype, device=running.device, generator=generator)
+    picks = torch.searchsorted(running, u * running[..., -1:], right=True)  # (..., 1): first running sum > u
+    return picks.squeeze(-1).clamp_(max=probs.shape[-1] - 1)  # (...); the clamp guards a u rounded up to the sum
+
+
+def sample(logits: torch.Tensor, sampling: Sampling | float = GREEDY,
+           generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of logits (..., vocab) -> (...). Both loops draw through here, so the
+    speculative loop samples from exactly the distribution the plain loop samples from."""
+    sampling = as_sampling(sampling)
+    return argmax(logits) if sampling.greedy else draw(sampling.probs(logits), generator)
+
+
+def keep_only(logits: torch.Tensor, allowed: Sequence[int]) -> torch.Tensor:
+    """Logits (..., vocab) with every token outside `allowed` at -inf: token healing's first token."""
+    mask = torch.full_like(logits, float("-inf"))
+    mask[..., list(allowed)] = 0.0
+    return logits + mask
+
+
+def add_sampling_options(p: argparse.ArgumentParser) -> None:
+    """How tokens are drawn, alike in generate.py, bench.py and make_data.py."""
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
+    p.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens only (0: all)")
+    p.add_argument("--top-p", type=float, default=1.0, help="sample among the likeliest tokens that sum to p")
+    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens under min-p times the likeliest's probability")
+    p.add_argument("--sample-from-config", action="store_true",
+                   help="take temperature, top-k and top-p from the model's generation_config.json")
+    p.add_argument("--draft-policy", default="greedy", metavar="greedy|sampled|mixed:K",
+                   help="above temperature 0: draft the drafter's argmax (default), sample every slot from it, "
+                        "or sample the first K slots")
+
+
+def sampling_of(args, model: Path) -> Sampling:
+    """The `Sampling` the options ask for; `--sample-from-config` reads what the checkpoint recommends."""
+    if not args.sample_from_config:
+        return Sampling(args.temperature, args.top_k, args.top_p, args.min_p)
+    path = Path(model) / "generation_config.json"
+    if not path.is_file():
+        raise UsageError(f"--sample-from-config: {path} not found")
+    config = json.loads(path.read_text())
+    if not config.get("do_sample", False):
+        return Sampling()
+    return Sampling(config.get("temperature", 1.0), config.get("top_k", 0) or 0, config.get("top_p", 1.0),
+                    config.get("min_p", 0.0) or 0.0)
