@@ -102,17 +102,18 @@ def keep_only(logits: torch.Tensor, allowed: Sequence[int]) -> torch.Tensor:
     return logits + mask
 
 
-def add_sampling_options(p: argparse.ArgumentParser) -> None:
-    """How tokens are drawn, alike in generate.py, bench.py and make_data.py."""
+def add_sampling_options(p: argparse.ArgumentParser, draft_policy: bool = True) -> None:
+    """How tokens are drawn, alike in generate.py, bench.py and make_data.py (which drafts nothing)."""
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
     p.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens only (0: all)")
     p.add_argument("--top-p", type=float, default=1.0, help="sample among the likeliest tokens that sum to p")
     p.add_argument("--min-p", type=float, default=0.0, help="drop tokens under min-p times the likeliest's probability")
     p.add_argument("--sample-from-config", action="store_true",
                    help="take temperature, top-k and top-p from the model's generation_config.json")
-    p.add_argument("--draft-policy", default="greedy", metavar="greedy|sampled|mixed:K",
-                   help="above temperature 0: draft the drafter's argmax (default), sample every slot from it, "
-                        "or sample the first K slots")
+    if draft_policy:
+        p.add_argument("--draft-policy", default="greedy", metavar="greedy|sampled|mixed:K",
+                       help="above temperature 0: draft the drafter's argmax (default), sample every slot from "
+                            "it, or sample the first K slots")
 
 
 def sampling_of(args, model: Path) -> Sampling:

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from dflash.qwen3 import Qwen3, Qwen3Config
+from dflash.sampling import Sampling, sampling_of
 from generate import ModelRunner, generate_autoregressive, generate_dflash, sample
 from tests.reference import logits_of
 from tests.test_generate import random_drafter
@@ -33,18 +34,19 @@ def target():
 
 
 @torch.no_grad()
-def next_token_probabilities(target, prefixes, temperature):
-    """p(next | PROMPT + prefix) for each prefix: (len(prefixes), VOCAB), in float64."""
+def next_token_probabilities(target, prefixes, sampling):
+    """p(next | PROMPT + prefix) for each prefix: (len(prefixes), VOCAB), in float64; a number is a temperature."""
     ids = torch.tensor([PROMPT + list(prefix) for prefix in prefixes])  # (prefixes, len): all one length
-    return torch.softmax(logits_of(target, ids)[:, -1].double() / temperature, dim=-1)
+    sampling = sampling if isinstance(sampling, Sampling) else Sampling(sampling)
+    return sampling.probs(logits_of(target, ids)[:, -1])
 
 
-def exact_joint(target, temperature):
+def exact_joint(target, sampling):
     """P(t1, t2, t3) of the first three sampled tokens: (VOCAB, VOCAB, VOCAB)."""
-    p1 = next_token_probabilities(target, [()], temperature)[0]  # (V,)
-    p2 = next_token_probabilities(target, [(a,) for a in range(VOCAB)], temperature)  # (V, V)
+    p1 = next_token_probabilities(target, [()], sampling)[0]  # (V,)
+    p2 = next_token_probabilities(target, [(a,) for a in range(VOCAB)], sampling)  # (V, V)
     pairs = list(itertools.product(range(VOCAB), repeat=2))
-    p3 = next_token_probabilities(target, pairs, temperature).view(VOCAB, VOCAB, VOCAB)  # (V, V, V)
+    p3 = next_token_probabilities(target, pairs, sampling).view(VOCAB, VOCAB, VOCAB)  # (V, V, V)
     return p1[:, None, None] * p2[:, :, None] * p3
 
 
@@ -52,6 +54,9 @@ def chi_square_p_value(counts: torch.Tensor, probabilities: torch.Tensor) -> flo
     """Pearson's test of counts against probabilities; cells expecting < 5 are pooled into one."""
     expected = probabilities.flatten() * counts.sum()
     observed = counts.flatten().double()
+    if observed[expected == 0].any():  # a draw the law forbids: no test needed
+        return 0.0
+    expected, observed = expected[expected > 0], observed[expected > 0]  # filters leave impossible cells
     small = expected < 5
     if small.any():  # pooled only when there is something to pool: an empty pool would be 0 / 0
         expected = torch.cat([expected[~small], expected[small].sum()[None]])
@@ -133,3 +138,98 @@ def test_sample_draws_each_row_from_its_softmax_and_never_a_zero_probability_tok
     counts = torch.bincount(draws[..., 0].flatten(), minlength=6)
     assert chi_square_p_value(counts[flattened > 0], flattened[flattened > 0]) < 1e-3
     assert sample(logits, 0.0).tolist() == [0, 4]
+
+
+# ---------------------------------------------------------- filters and draft policies
+
+
+def test_filters_keep_what_transformers_keeps_top_k_then_top_p_then_min_p():
+    """Hand-computed cases; top-p is taken on what top-k left, renormalised, as transformers' warpers do."""
+    probs = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05], dtype=torch.float64)
+    logits = probs.log()
+
+    def kept(**filters):
+        return (Sampling(1.0, **filters).probs(logits) > 0).nonzero().flatten().tolist()
+
+    assert kept(top_k=2) == [0, 1]
+    assert kept(top_p=0.8) == [0, 1, 2]  # 0.5 + 0.2 < 0.8, so the third is needed to pass 0.8
+    assert kept(top_p=0.45) == [0]  # the likeliest token alone passes 0.45
+    assert kept(min_p=0.25) == [0, 1, 2]  # at least a quarter of 0.5
+    assert kept(top_k=3, top_p=0.8) == [0, 1]  # after top-k: 0.59 + 0.24 = 0.82 already passes 0.8
+    assert torch.allclose(Sampling(1.0, top_k=2).probs(logits), torch.tensor([5 / 7, 2 / 7, 0, 0, 0]).double())
+    assert torch.allclose(Sampling(2.0).probs(logits), torch.softmax(logits / 2, dim=-1))
+
+
+@pytest.mark.parametrize("filters", [{}, {"top_k": 3, "top_p": 0.9}], ids=["softmax", "top-k 3, top-p 0.9"])
+@pytest.mark.parametrize("policy", ["greedy", "sampled", "mixed:1"])
+def test_every_draft_policy_follows_the_filtered_target(target, policy, filters):
+    """The first three tokens of DFlash, drafting as `policy` says, against the exact filtered law."""
+    sampling = Sampling(TEMPERATURE, **filters)
+    drafter = random_drafter(target, block_size=BLOCK, num_layers=1)
+    generator = torch.Generator().manual_seed(4)
+    runner = ModelRunner(target, drafter, max_length=len(PROMPT) + 3 + BLOCK)
+    lengths = []
+
+    def generate():
+        result = generate_dflash(target, drafter, PROMPT, 3, sampling=sampling, draft_policy=policy,
+                                 generator=generator, runner=runner)
+        lengths.extend(result.acceptance_lengths)
+        return result.new_ids
+
+    counts = sample_counts(generate)
+    assert sum(lengths) / len(lengths) > 1.15  # drafts were kept: the rule was exercised
+    assert chi_square_p_value(counts, exact_joint(target, sampling)) > 1e-3
+    if filters:  # and the test tells the filtered law from the bare softmax
+        assert chi_square_p_value(counts, exact_joint(target, TEMPERATURE)) < 1e-3
+
+
+def test_the_q_rule_on_argmax_drafts_is_biased_and_the_test_sees_it(target):
+    """The control: judging argmax drafts by min(1, p/q) (the drafts were not drawn from q) is wrong."""
+    sampling = Sampling(TEMPERATURE)
+    drafter = random_drafter(target, block_size=BLOCK, num_layers=1)
+    generator = torch.Generator().manual_seed(4)
+    runner = ModelRunner(target, drafter, max_length=len(PROMPT) + 3 + BLOCK)
+    honest_draft = runner.draft_sampled
+
+    def argmax_draft(*args):
+        drafts = honest_draft(*args)
+        drafts.copy_(runner.draft_probs.argmax(dim=-1))  # the likeliest token, still judged against q
+        return drafts
+
+    runner.draft_sampled = argmax_draft
+    counts = sample_counts(lambda: generate_dflash(target, drafter, PROMPT, 3, sampling=sampling,
+                                                   draft_policy="sampled", generator=generator, runner=runner).new_ids)
+    assert chi_square_p_value(counts, exact_joint(target, sampling)) < 1e-3
+
+
+BAD_SAMPLING = {
+    "top-p above 1": ["--temperature", "0.7", "--top-p", "1.5"],
+    "top-p zero": ["--temperature", "0.7", "--top-p", "0"],
+    "negative top-k": ["--temperature", "0.7", "--top-k", "-1"],
+    "negative min-p": ["--temperature", "0.7", "--min-p", "-0.1"],
+    "sampled drafts at temperature 0": ["--draft-policy", "sampled"],
+    "mixed past the block": ["--temperature", "0.7", "--draft-policy", "mixed:16"],
+    "unknown policy": ["--temperature", "0.7", "--draft-policy", "typical"],
+    "a tree of sampled drafts": ["--temperature", "0.7", "--draft-policy", "sampled", "--tree", "4"],
+}
+
+
+@pytest.mark.parametrize("case", BAD_SAMPLING)
+def test_bad_sampling_options_are_one_error_line_and_exit_2(case, capsys):
+    import generate
+
+    pair = ["--model", "tests/fixtures/qwen3-tiny-sharded", "--draft", "tests/fixtures/dflash-tiny"]
+    code = generate.main([*pair, "--prompt-ids", "1,2", "--max-new-tokens", "4", *BAD_SAMPLING[case]])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), lines
+
+
+def test_sample_from_config_reads_what_the_checkpoint_recommends(tmp_path):
+    from argparse import Namespace
+
+    (tmp_path / "generation_config.json").write_text('{"do_sample": true, "temperature": 0.6, "top_k": 20, '
+                                                     '"top_p": 0.95}')
+    args = Namespace(sample_from_config=True)
+    assert sampling_of(args, tmp_path) == Sampling(0.6, 20, 0.95)
+    (tmp_path / "generation_config.json").write_text('{"do_sample": false, "temperature": 0.6}')
+    assert sampling_of(args, tmp_path).greedy
