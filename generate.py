@@ -7,7 +7,7 @@
 - `generate_dflash_tree`: the same draft pass grows a tree of guesses (`dflash/tree.py`);
   the target checks every node in one pass and the longest agreeing path is kept.
 
-Reading order: the acceptance rule, the result, the passes and the `ModelRunner`
+Reading order: the result, the passes and the `ModelRunner`
 (caches, buffers), the loops, the command line.
 """
 
@@ -31,52 +31,13 @@ from dflash.cli import (OneLineErrors, Prompt, UsageError, add_device_options, a
                         stop_token_ids)
 from dflash.drafter import Drafter
 from dflash.sampling import (GREEDY, Sampling, add_sampling_options, argmax, as_sampling, draw, keep_only,  # noqa: F401
-                             sample, sampling_of)
+                             sample, sampled_slots, sampling_of, verdicts)
 from dflash.flex_reads import FilledBlocksCache
 from dflash.qwen3 import KVCache, Qwen3
 from dflash.tree import DraftTree, build_tree, path_slots, verify_inputs, walk
 
 WEIGHTS = Path(__file__).parent / "weights"
 OnToken = Callable[[int, bool], None]  # (token id, came from an accepted draft)
-
-
-# ------------------------------------------------------------------ the acceptance rule
-
-
-def verdicts(target_probs: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor | None,
-             generator: torch.Generator | None) -> torch.Tensor:
-    """The token the target commits after each slot (block,); a draft is kept where it equals it.
-
-    A greedy draft d (a one-hot proposal) is kept when the target's own draw equals it:
-    probability p(d), and a rejection commits that draw, p conditioned on "not d". A draft
-    sampled from the drafter's q (the first `len(draft_probs)` slots) is kept with
-    probability min(1, p(d)/q(d)) and otherwise replaced by a draw from max(0, p - q),
-    which never holds d. Both are rejection sampling: every committed token follows p.
-    """
-    tokens = draw(target_probs, generator)  # (block,): the target's own draw after every slot
-    if draft_probs is None:
-        return tokens
-    n = draft_probs.shape[0]  # the sampled slots
-    guess = drafts[:n, None]  # (n, 1)
-    p, q = target_probs[:n].gather(1, guess)[:, 0], draft_probs.gather(1, guess)[:, 0]  # (n,) each
-    keep = torch.rand(n, dtype=p.dtype, device=p.device, generator=generator) * q < p
-    residual = draw((target_probs[:n] - draft_probs).clamp(min=0.0), generator)  # (n,)
-    tokens[:n] = torch.where(keep, drafts[:n], residual)
-    return tokens
-
-
-def sampled_slots(policy: str, block_size: int, sampling: Sampling) -> int:
-    """How many leading draft slots `policy` samples from the drafter (the rest are its argmax)."""
-    name, _, count = policy.partition(":")
-    if policy == "greedy":
-        return 0
-    if sampling.greedy:
-        raise UsageError(f"draft policy {policy!r} samples drafts, which needs a temperature above 0")
-    if policy == "sampled":
-        return block_size - 1
-    if name == "mixed" and count.isdigit() and 1 <= int(count) < block_size:
-        return int(count)
-    raise UsageError(f"draft policy must be greedy, sampled or mixed:K with 1 <= K < {block_size}, got {policy!r}")
 
 
 # ---------------------------------------------------------------------- the result
@@ -434,10 +395,9 @@ def begin(target: Qwen3, drafter: Drafter | None, prompt_ids: Sequence[int], max
 
 
 @torch.no_grad()
-def generate_autoregressive(target: Qwen3, prompt_ids: Sequence[int], max_new_tokens: int, *,
-                            temperature: float = 0.0, sampling: Sampling | None = None, stop_ids: Sequence[int] = (),
-                            generator: torch.Generator | None = None, on_token: OnToken | None = None,
-                            runner: ModelRunner | None = None,
+def generate_autoregressive(target: Qwen3, prompt_ids: Sequence[int], max_new_tokens: int, *, temperature=0.0,
+                            sampling: Sampling | None = None, stop_ids: Sequence[int] = (), generator=None,
+                            on_token: OnToken | None = None, runner: ModelRunner | None = None,
                             first_token_choices: Sequence[int] | None = None) -> Generation:
     """The baseline: prefill the prompt, then one target pass per new token.
 
@@ -457,10 +417,9 @@ def generate_autoregressive(target: Qwen3, prompt_ids: Sequence[int], max_new_to
 
 @torch.no_grad()
 def generate_dflash(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int], max_new_tokens: int, *,
-                    block_size: int | None = None, temperature: float = 0.0, sampling: Sampling | None = None,
-                    draft_policy: str = "greedy", stop_ids: Sequence[int] = (),
-                    generator: torch.Generator | None = None, on_token: OnToken | None = None,
-                    runner: ModelRunner | None = None,
+                    block_size: int | None = None, temperature=0.0, sampling: Sampling | None = None,
+                    draft_policy: str = "greedy", stop_ids: Sequence[int] = (), generator=None,
+                    on_token: OnToken | None = None, runner: ModelRunner | None = None,
                     first_token_choices: Sequence[int] | None = None) -> Generation:
     """Speculative decoding with a DFlash drafter: draft a block, verify it, keep the agreeing prefix.
 
@@ -493,11 +452,9 @@ def generate_dflash(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int], 
 
 @torch.no_grad()
 def generate_dflash_tree(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int], max_new_tokens: int, *,
-                         budget: int, block_size: int | None = None, temperature: float = 0.0,
-                         sampling: Sampling | None = None, stop_ids: Sequence[int] = (),
-                         generator: torch.Generator | None = None, on_token: OnToken | None = None,
-                         runner: ModelRunner | None = None,
-                         first_token_choices: Sequence[int] | None = None) -> Generation:
+                         budget: int, block_size: int | None = None, temperature=0.0, sampling: Sampling | None = None,
+                         stop_ids: Sequence[int] = (), generator=None, on_token: OnToken | None = None,
+                         runner: ModelRunner | None = None, first_token_choices: Sequence[int] | None = None):
     """Speculative decoding with a tree of the `budget` continuations the drafter finds likeliest.
 
     The target checks every node in one pass (`dflash/tree.py`); the walk keeps the path
@@ -642,19 +599,19 @@ def run(args) -> int:
         loop(max_new_tokens=min(args.max_new_tokens, 2 * block_size + 2))
     warm_up, results = time.perf_counter() - began, {}
     for loop in loops:
-        printer = None if args.json else Printer(tokenizer, sys.stdout.isatty())
-        print(f"--- {names[loop]}" if printer and args.compare else "", end="\n" if printer and args.compare else "")
-        results[loop] = loop(on_token=printer)
-        print("" if printer else "", end="\n" if printer else "")
+        if not args.json and args.compare:
+            print(f"--- {names[loop]}")
+        results[loop] = loop(on_token=None if args.json else Printer(tokenizer, sys.stdout.isatty()))
+        print("" if args.json else "\n", end="")
     final = results[loops[-1]]
+    speedup = final.tokens_per_second / max(results[baseline].tokens_per_second, 1e-9) if args.compare else None
     if args.json:
         text = tokenizer.decode(final.new_ids, skip_special_tokens=True) if tokenizer is not None else ""
         report = dict(output_ids=final.new_ids, text=text, acceptance_lengths=final.acceptance_lengths,
                       mean_acceptance=final.mean_acceptance, tokens_per_second=final.tokens_per_second,
                       new_tokens=final.new_tokens, steps=final.steps)
         if args.compare:
-            report.update(baseline_output_ids=results[baseline].new_ids, speedup=final.tokens_per_second /
-                          max(results[baseline].tokens_per_second, 1e-9),
+            report.update(baseline_output_ids=results[baseline].new_ids, speedup=speedup,
                           baseline_tokens_per_second=results[baseline].tokens_per_second)
         print(json.dumps(report))
         return 0
@@ -668,8 +625,7 @@ def run(args) -> int:
                      f"acceptance histogram (1..{block_size}) {result.histogram(block_size)}")
         print(line, file=sys.stderr)
     if args.compare:
-        print(f"speedup: {final.tokens_per_second / max(results[baseline].tokens_per_second, 1e-9):.2f}x",
-              file=sys.stderr)
+        print(f"speedup: {speedup:.2f}x", file=sys.stderr)
     return 0
 
 

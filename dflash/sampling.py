@@ -1,8 +1,10 @@
-"""How a token is drawn from logits, alike in every program: greedy, or sampled as Qwen3 users sample.
+"""How a token is drawn from logits, and how a drafted token is judged against the target's.
 
-Every official Qwen3 checkpoint's `generation_config.json` asks for a temperature
-with top-k and top-p; serving engines add min-p. The filters cut the tempered
-softmax down to its likeliest tokens and renormalise what is left.
+Greedy, or sampled as Qwen3 users sample: every official checkpoint's
+`generation_config.json` asks for a temperature with top-k and top-p, and serving
+engines add min-p. The filters cut the tempered softmax down to its likeliest tokens
+and renormalise what is left. Above temperature 0 a draft is kept by rejection
+sampling (`verdicts`), so that every committed token follows the target's law.
 """
 
 from __future__ import annotations
@@ -100,6 +102,45 @@ def keep_only(logits: torch.Tensor, allowed: Sequence[int]) -> torch.Tensor:
     mask = torch.full_like(logits, float("-inf"))
     mask[..., list(allowed)] = 0.0
     return logits + mask
+
+
+# ------------------------------------------- judging drafts at temperature > 0
+
+
+def verdicts(target_probs: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor | None,
+             generator: torch.Generator | None) -> torch.Tensor:
+    """The token the target commits after each slot (block,); a draft is kept where it equals it.
+
+    A greedy draft d (a one-hot proposal) is kept when the target's own draw equals it:
+    probability p(d), and a rejection commits that draw, p conditioned on "not d". A draft
+    sampled from the drafter's q (the first `len(draft_probs)` slots) is kept with
+    probability min(1, p(d)/q(d)) and otherwise replaced by a draw from max(0, p - q),
+    which never holds d. Both are rejection sampling: every committed token follows p.
+    """
+    tokens = draw(target_probs, generator)  # (block,): the target's own draw after every slot
+    if draft_probs is None:
+        return tokens
+    n = draft_probs.shape[0]  # the sampled slots
+    guess = drafts[:n, None]  # (n, 1)
+    p, q = target_probs[:n].gather(1, guess)[:, 0], draft_probs.gather(1, guess)[:, 0]  # (n,) each
+    keep = torch.rand(n, dtype=p.dtype, device=p.device, generator=generator) * q < p
+    residual = draw((target_probs[:n] - draft_probs).clamp(min=0.0), generator)  # (n,)
+    tokens[:n] = torch.where(keep, drafts[:n], residual)
+    return tokens
+
+
+def sampled_slots(policy: str, block_size: int, sampling: Sampling) -> int:
+    """How many leading draft slots `policy` samples from the drafter (the rest are its argmax)."""
+    name, _, count = policy.partition(":")
+    if policy == "greedy":
+        return 0
+    if sampling.greedy:
+        raise UsageError(f"draft policy {policy!r} samples drafts, which needs a temperature above 0")
+    if policy == "sampled":
+        return block_size - 1
+    if name == "mixed" and count.isdigit() and 1 <= int(count) < block_size:
+        return int(count)
+    raise UsageError(f"draft policy must be greedy, sampled or mixed:K with 1 <= K < {block_size}, got {policy!r}")
 
 
 def add_sampling_options(p: argparse.ArgumentParser, draft_policy: bool = True) -> None:
