@@ -1,33 +1,16 @@
 """Let a Qwen3 target answer prompts: the training data of a DFlash drafter.
 
-A drafter is only useful if it guesses what *this target* will say, so it is trained
-on the target's own answers, not on a dataset's: this script asks the target every
-prompt of a prompt file, with the chat template `generate.py` uses (thinking off by
-default, as the released drafters were trained), and writes what it answered.
-
-The output is JSONL, one record per prompt, the format `train.py --data` reads:
+A drafter is only useful if it guesses what *this target* will say, so it learns from the
+target's own answers, to prompts rendered as `generate.py` renders them (chat template,
+thinking off, raw text token-healed). The output is JSONL, as `train.py --data` reads it:
 
     {"index": 7, "input_ids": [151644, 872, ..., 151645], "loss_mask": [0, 0, ..., 1, 1]}
 
-- `index`: the prompt's place in the prompt file (0-based, blank lines skipped).
-  Records may come in any order; the index is what makes the file resumable.
-- `input_ids`: the prompt's token ids (token-healed, see below) followed by the
-  target's answer, its stop token included when it stopped before `--max-new-tokens`.
-  A prompt too long for the target's context keeps its last tokens, leaving room for
-  the answer.
-- `loss_mask`: 0 on the prompt's tokens, 1 on the answer's (the drafter learns to
-  draft answers only), as long as `input_ids`.
-
-Raw-text prompts are token-healed, as `generate.py` and `bench.py` heal them: a prompt
-that ends mid-token (the newline after a `def` line, before the body's indentation)
-loses its last token, and the answer's first token is picked among the tokens that
-start with the dropped text, so the answer writes it again, merged with what follows.
-The record holds the healed prompt, so the drafter trains on the contexts it meets at
-inference. `--no-token-healing` keeps every prompt as it is.
-
-Resuming is the default: the prompts `--out` already answers are skipped, and a
-half-written last line (a crash mid-write) is cut off before appending resumes.
-Prompts are answered in batches: left-padded to one length, with one static KV cache.
+- `index`: the prompt's place in the prompt file (0-based); it makes the file resumable:
+  answered prompts are skipped, and a half-written last line (a crash) is cut off first.
+- `input_ids`: the (healed) prompt, then the answer, with its stop token when it stopped.
+  A prompt too long for the target's context keeps its last tokens.
+- `loss_mask`: 0 on the prompt, 1 on the answer: the drafter learns to draft answers only.
 """
 
 from __future__ import annotations
@@ -41,25 +24,16 @@ from typing import Sequence, TextIO
 import torch
 from tqdm import tqdm
 
-from dflash.cli import (PROMPT_FORMAT, OneLineErrors, UsageError, add_device_options, add_prompt_options, check_token_ids,
-                        encode_for_generation, find_tokenizer, parse_json_line, pick_device, pick_dtype, read_prompts,
-                        run_cli, stop_token_ids)
+from dflash.cli import (PROMPT_FORMAT, OneLineErrors, UsageError, add_device_options, add_prompt_options,
+                        check_token_ids, encode_for_generation, find_tokenizer, jsonl_records, pick_device, pick_dtype,
+                        read_prompts, run_cli, stop_token_ids)
 from dflash.qwen3 import Qwen3
-from generate import keep_only, sample
-
-# ------------------------------------------------------------------------- the prompts
+from dflash.sampling import Sampling, add_sampling_options, keep_only, sample, sampling_of
 
 
 def encode_prompts(path: Path, tokenizer, chat: bool | None, thinking: bool, token_healing: bool,
                    vocab_size: int) -> list[tuple[list[int], list[int] | None]]:
-    """Every prompt of the file, rendered exactly as `generate.py` renders a prompt.
-
-    Returns (token ids, the first new token's choices or None) per prompt: the choices
-    come with a raw-text prompt that token healing shortened (`cli.encode_for_generation`).
-    A drafter trained on prompts rendered differently (another template, thinking on
-    instead of off) learns a distribution it never meets at inference, and its
-    acceptance collapses.
-    """
+    """(token ids, the first new token's choices or None) per prompt, as `generate.py` renders it."""
     prompts = []
     for prompt in read_prompts(path):
         ids, choices = encode_for_generation(prompt, tokenizer, chat, thinking, token_healing)
@@ -68,28 +42,19 @@ def encode_prompts(path: Path, tokenizer, chat: bool | None, thinking: bool, tok
     return prompts
 
 
-def cut_to_fit(prompt: list[int], max_new_tokens: int, context: int) -> list[int]:
-    """The prompt's last tokens, as many as leave room for `max_new_tokens` in the context."""
-    if max_new_tokens >= context:
-        raise UsageError(f"--max-new-tokens {max_new_tokens} leaves no room for a prompt in the target's "
-                         f"context of {context} positions (max_position_embeddings)")
-    return prompt[-(context - max_new_tokens):]
-
-
 # ----------------------------------------------------------------- answering a batch
 
 
 @torch.no_grad()
-def generate_batch(target: Qwen3, prompts: list[list[int]], max_new_tokens: int, temperature: float,
+def generate_batch(target: Qwen3, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling | float,
                    stop_ids: Sequence[int], generator: torch.Generator | None,
                    first_token_choices: Sequence[list[int] | None] | None = None) -> list[list[int]]:
     """Let the target answer several prompts at once; return each answer (cut after its stop token).
 
-    The prompts are left-padded to one length so that every row's next token sits at
-    the same position and one static cache serves the batch. `key_padding` hides the
-    padding; RoPE only sees position differences, so a row padded by p tokens computes
-    what it would compute alone. `first_token_choices[row]` (token healing) restricts
-    that row's first new token, as `generate.py` restricts it for a single prompt.
+    Left padding puts every row's next token at the same position, so one static cache
+    serves the batch; `key_padding` hides the padding, and RoPE sees only position
+    differences, so each row computes what it would alone. `first_token_choices[row]`
+    restricts that row's first new token (token healing), as `generate.py` does.
     """
     device = target.embed_tokens.weight.device
     batch, longest = len(prompts), max(len(p) for p in prompts)
@@ -104,12 +69,13 @@ def generate_batch(target: Qwen3, prompts: list[list[int]], max_new_tokens: int,
     hidden, _ = target(ids, cache=cache, key_padding=key_padding)  # (batch, longest, hidden)
     logits = target.logits(hidden[:, -1])  # (batch, vocab)
     cache.extend(longest)  # the prompts are committed
-    if first_token_choices is not None:
-        logits = restrict_first_tokens(logits, first_token_choices)  # the first step only
+    if first_token_choices is not None:  # token healing, the first step only; a row without choices keeps all
+        logits = torch.stack([row if allowed is None else keep_only(row, allowed)
+                              for row, allowed in zip(logits, first_token_choices)])  # (batch, vocab)
     answers: list[list[int]] = [[] for _ in prompts]
     finished = [False] * batch
     for position in range(longest, total):
-        tokens = sample(logits, temperature, generator)  # (batch,)
+        tokens = sample(logits, sampling, generator)  # (batch,)
         for row, token in enumerate(tokens.tolist()):
             if not finished[row]:
                 answers[row].append(token)
@@ -123,32 +89,7 @@ def generate_batch(target: Qwen3, prompts: list[list[int]], max_new_tokens: int,
     return answers
 
 
-def restrict_first_tokens(logits: torch.Tensor, choices: Sequence[list[int] | None]) -> torch.Tensor:
-    """Token healing for a batch: each row's logits (batch, vocab) with every token outside its choices at -inf.
-
-    An additive mask, 0 where a row's token may go and -inf elsewhere, so that every
-    other token gets probability 0; a row without choices (nothing to heal) stays as it is.
-    """
-    return torch.stack([row if allowed is None else keep_only(row, allowed)
-                        for row, allowed in zip(logits, choices)])  # (batch, vocab)
-
-
 # ------------------------------------------------------------- the resumable output
-
-
-def complete_lines(path: Path):
-    """("file:line", text) for every non-blank line that ends in a newline.
-
-    A last line without one is a record a crash cut short: not an answer yet.
-    """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise UsageError(f"{path}: cannot read the data file ({err})") from None
-    complete = text[: text.rfind("\n") + 1]
-    for number, line in enumerate(complete.splitlines(), start=1):
-        if line.strip():
-            yield f"{path}:{number}", line
 
 
 def done_indices(path: Path) -> set[int]:
@@ -156,8 +97,7 @@ def done_indices(path: Path) -> set[int]:
     if not path.exists():
         return set()
     done = set()
-    for where, line in complete_lines(path):
-        record = parse_json_line(line, where)
+    for where, record in jsonl_records(path, "data file", whole_lines_only=True):  # a cut-short line: no answer yet
         index = record.get("index") if isinstance(record, dict) else None
         if not isinstance(index, int) or isinstance(index, bool):
             raise UsageError(f"{where}: no integer 'index' (not a record of make_data.py)")
@@ -185,16 +125,20 @@ def record(index: int, prompt: list[int], answer: list[int]) -> str:
 
 def make_data(args: argparse.Namespace) -> int:
     """Answer every prompt `--out` does not answer yet, a batch at a time, appending as we go."""
-    if args.max_new_tokens < 1 or args.batch_size < 1 or args.temperature < 0:
-        raise UsageError("--max-new-tokens and --batch-size must be positive, --temperature >= 0")
+    if args.max_new_tokens < 1 or args.batch_size < 1:
+        raise UsageError("--max-new-tokens and --batch-size must be positive")
+    sampling = sampling_of(args, args.target)
     device = pick_device(args.device)
     target = Qwen3.from_pretrained(args.target, device=device, dtype=pick_dtype(args.dtype, device))
     tokenizer_folder = args.tokenizer or args.target
     tokenizer = find_tokenizer(tokenizer_folder, required=args.tokenizer is not None)
     prompts = encode_prompts(args.prompts, tokenizer, args.chat, args.thinking, args.token_healing,
-                             target.config.vocab_size)  # (ids, first-token choices) per prompt
+                             target.config.vocab_size)
     context = target.config.max_position_embeddings
-    prompts = [(cut_to_fit(ids, args.max_new_tokens, context), choices) for ids, choices in prompts]
+    if args.max_new_tokens >= context:
+        raise UsageError(f"--max-new-tokens {args.max_new_tokens} leaves no room for a prompt in the target's "
+                         f"context of {context} positions (max_position_embeddings)")
+    prompts = [(ids[-(context - args.max_new_tokens):], choices) for ids, choices in prompts]  # the last tokens fit
     stop_ids = stop_token_ids(tokenizer_folder, tokenizer)
     done = done_indices(args.out)
     strangers = sorted(i for i in done if not 0 <= i < len(prompts))
@@ -202,14 +146,12 @@ def make_data(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.out}: answers prompt {strangers[0]}, but {args.prompts} has only {len(prompts)} "
                          f"(written for another prompt file?)")
     pending = [i for i in range(len(prompts)) if i not in done]
-    generator = torch.Generator(device).manual_seed(args.seed) if args.temperature > 0 else None
+    generator = None if sampling.greedy else torch.Generator(device).manual_seed(args.seed)
     with open_for_append(args.out) as out, tqdm(total=len(prompts), initial=len(done), unit="prompt") as bar:
         for start in range(0, len(pending), args.batch_size):
             indices = pending[start:start + args.batch_size]
-            batch = [prompts[i][0] for i in indices]
-            choices = [prompts[i][1] for i in indices]
-            answers = generate_batch(target, batch, args.max_new_tokens, args.temperature, stop_ids, generator,
-                                     choices)
+            batch, choices = [prompts[i][0] for i in indices], [prompts[i][1] for i in indices]
+            answers = generate_batch(target, batch, args.max_new_tokens, sampling, stop_ids, generator, choices)
             out.writelines(record(i, prompt, answer) for i, prompt, answer in zip(indices, batch, answers))
             out.flush()  # a crash loses at most the batch being written
             bar.update(len(indices))
@@ -218,8 +160,7 @@ def make_data(args: argparse.Namespace) -> int:
 
 EXAMPLES = f"""\
 examples:
-  # the target answers every prompt (chat template, thinking off, greedy; raw text token-healed)
-  python make_data.py --target weights/Qwen3-8B --prompts prompts.jsonl --out data.jsonl
+  # the target answers every prompt (chat template, thinking off, greedy; raw text token-healed);
   # run it again after a crash: answered prompts are skipped
   python make_data.py --target weights/Qwen3-8B --prompts prompts.jsonl --out data.jsonl
   # then train on the answers
@@ -242,8 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tokenizer", type=Path, help="tokenizer folder (default: the target's, if it has one)")
     parser.add_argument("--max-new-tokens", type=int, default=512, help="longest answer (default: 512)")
     parser.add_argument("--batch-size", type=int, default=16, help="prompts answered at once (default: 16)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--seed", type=int, default=0, help="for sampling at temperature > 0 (default: 0)")
+    add_sampling_options(parser, draft_policy=False)
     add_prompt_options(parser)
     add_device_options(parser)
     return parser

@@ -1,23 +1,12 @@
-"""What every command-line program of this project shares, written once.
+"""What every program of this project shares: one-line errors, device and dtype, prompt files.
 
-`generate.py`, `train.py`, `make_data.py` and the benchmarks all need the same
-handful of things around their real work:
-
-1. **One-line errors.** A bad argument, a missing file or a checkpoint that does not
-   fit ends the program with one `error: ...` line on stderr and exit status 2,
-   never with a traceback from deep inside torch (`OneLineErrors`, `run_cli`).
-2. **Device and dtype**: `auto` means CUDA when there is one, and bf16 there.
-3. **A checkpoint's tokenizer**, when its folder has one (plain or compressed).
-4. **Prompt files**: one JSONL format, one reader, errors naming file and line.
-5. **Stop tokens**: from the tokenizer, or from `generation_config.json` alone.
-
-Nothing here imports a model, so every layer of the project may use it.
+Bad input (an argument, a file, a checkpoint that does not fit) ends a program with one
+`error: ...` line and exit status 2; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,15 +14,15 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from dflash.checkpoint import CheckpointError
-from dflash.tokenizer import TOKENIZER_FILES, Tokenizer, TokenizerError, eos_ids_of_generation_config, load_tokenizer
+from dflash.checkpoint import CheckpointError, parse_json, read_text
+from dflash.tokenizer import Tokenizer, TokenizerError, find_tokenizer, stop_token_ids  # noqa: F401 (for the programs)
 
 
 class UsageError(ValueError):
     """Bad input: a request, a command line or a file it names. The message is one line."""
 
 
-# ------------------------------------------------------------------ errors and exit status
+USER_ERRORS = (UsageError, CheckpointError, TokenizerError)  # what a user can fix; anything else is a bug
 
 
 class OneLineErrors(argparse.ArgumentParser):
@@ -44,13 +33,8 @@ class OneLineErrors(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
-# Every error a user can cause and fix: each carries a message fit to print as it is.
-USER_ERRORS = (UsageError, CheckpointError, TokenizerError)  # anything else is a bug: keep its traceback
-
-
-def run_cli(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace], int],
-            argv: Sequence[str] | None = None) -> int:
-    """Parse, run, and turn every expected failure into one `error:` line and exit status 2."""
+def run_cli(parser: argparse.ArgumentParser, run: Callable[..., int], argv: Sequence[str] | None = None) -> int:
+    """Parse, run, and turn every user error into one `error:` line and exit status 2."""
     args = parser.parse_args(argv)
     try:
         return run(args)
@@ -60,42 +44,23 @@ def run_cli(parser: argparse.ArgumentParser, run: Callable[[argparse.Namespace],
 
 
 def add_device_options(parser: argparse.ArgumentParser) -> None:
-    """`--device` and `--dtype`, with the same meaning in every program."""
+    """`--device` and `--dtype`, meaning the same in every program."""
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1...")
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                         help="auto: bfloat16 on CUDA, float32 on CPU")
 
 
-def add_prompt_options(parser: argparse.ArgumentParser) -> None:
-    """`--chat/--raw`, `--thinking` and `--no-token-healing`: how text becomes the prompt, everywhere alike.
-
-    Generation, benchmarking and making the drafter's data must render prompts the
-    same way: a drafter trained on prompts rendered otherwise meets, at inference, a
-    distribution it never learnt.
-    """
-    parser.add_argument("--chat", action="store_true", default=None,
-                        help="wrap text prompts in the chat template (default: when the tokenizer has one)")
-    parser.add_argument("--raw", dest="chat", action="store_false", help="feed text prompts as they are")
-    parser.add_argument("--thinking", action="store_true", help="render chat prompts with thinking on")
-    parser.add_argument("--no-token-healing", dest="token_healing", action="store_false",
-                        help="keep a raw prompt's last token even when it ends mid-token (a trailing newline or space)")
-
-
-# ---------------------------------------------------------------------- device and dtype
-
-
 def pick_device(name: str) -> torch.device:
-    """`auto` is CUDA when available; otherwise exactly what was asked, if it exists here."""
+    """`auto` is CUDA when there is one; anything else must exist here, or it is one error line, not a traceback."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise UsageError(f"unknown device {name!r} (use cpu, cuda or auto)") from None
-    if device.type not in ("cpu", "cuda"):
-        raise UsageError(f"device {name!r} is not supported (use cpu, cuda or auto)")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"device {name!r} requested but CUDA is not available")
+        device = None
+    usable = device is not None and (device.type == "cpu" or (device.type == "cuda" and torch.cuda.is_available()))
+    if not usable:
+        raise UsageError(f"device {name!r} is not available here (use cpu, auto, or cuda where CUDA is)")
     return device
 
 
@@ -104,167 +69,6 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return getattr(torch, name)
-
-
-# ---------------------------------------------------------------------------- tokenizer
-
-
-def find_tokenizer(folder: Path, required: bool = False) -> Tokenizer | None:
-    """The tokenizer in a checkpoint folder, or None when it has none (fine for token-id prompts)."""
-    folder = Path(folder)
-    if not required and not any((folder / name).is_file() for name in TOKENIZER_FILES):
-        return None
-    return load_tokenizer(folder)
-
-
-def stop_token_ids(folder: Path, tokenizer: Tokenizer | None) -> list[int]:
-    """Ids that end a reply: the tokenizer's, or without one those of `generation_config.json`."""
-    if tokenizer is not None:
-        return list(tokenizer.stop_token_ids)
-    return eos_ids_of_generation_config(Path(folder))
-
-
-# -------------------------------------------------------------------------------- prompts
-
-PROMPT_FORMAT = """\
-prompt files are JSONL, one prompt per line, as any of:
-  "text"                                              raw text (a JSON string)
-  {"prompt": "text"} or {"text": "text"}              raw text
-  {"messages": [{"role": "user", "content": "..."}]}  a conversation, rendered by the chat template
-  {"prompt_ids": [1, 2, 3]}                           token ids (no tokenizer needed)
-an object may also give "answer": the expected final answer (the last number of a
-correct reply), which bench.py checks; a .txt file is read as one raw-text prompt per line"""
-
-
-@dataclass
-class Prompt:
-    """One prompt as a file gives it: exactly one of text, messages or ids is set."""
-
-    where: str  # "file:line", for error messages
-    text: str | None = None
-    messages: list[dict] | None = None
-    ids: list[int] | None = None
-    answer: str | None = None  # the expected final answer, when the file gives one (benchmarks check it)
-
-
-def numbered_lines(path: Path, what: str) -> Iterator[tuple[str, str]]:
-    """("file:line", text) for every non-blank line, so that errors can point at the line."""
-    path = Path(path)
-    if not path.is_file():
-        raise UsageError(f"{path}: {what} not found")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise UsageError(f"{path}: cannot read the {what} ({err})") from None
-    for number, line in enumerate(text.splitlines(), start=1):
-        if line.strip():
-            yield f"{path}:{number}", line
-
-
-def parse_json_line(line: str, where: str):
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError as err:
-        raise UsageError(f"{where}: not valid JSON ({err.msg})") from None
-
-
-def jsonl_records(path: Path, what: str) -> Iterator[tuple[str, object]]:
-    """("file:line", parsed JSON) for every non-blank line of a JSONL file; errors name the line."""
-    for where, line in numbered_lines(path, what):
-        yield where, parse_json_line(line, where)
-
-
-def parse_prompt(record, where: str) -> Prompt:
-    """Check one parsed line against the prompt format and say precisely what is wrong."""
-    if isinstance(record, str):
-        record = {"text": record}
-    if not isinstance(record, dict):
-        raise UsageError(f"{where}: expected a JSON string or object, got {type(record).__name__}")
-    prompt = parse_prompt_body(record, where)
-    if record.get("answer") is not None:
-        prompt.answer = str(record["answer"])
-    return prompt
-
-
-def parse_prompt_body(record: dict, where: str) -> Prompt:
-    if "prompt_ids" in record:
-        ids = record["prompt_ids"]
-        if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
-            raise UsageError(f"{where}: prompt_ids must be a non-empty list of integers")
-        return Prompt(where, ids=ids)
-    if "messages" in record:
-        messages = record["messages"]
-        if not isinstance(messages, list) or not all(isinstance(m, dict) and "role" in m for m in messages):
-            raise UsageError(f"{where}: messages must be a list of {{'role', 'content'}} objects")
-        return Prompt(where, messages=messages)
-    kind = next((key for key in ("prompt", "text") if key in record), None)
-    if kind is None:
-        raise UsageError(f"{where}: no 'prompt', 'text', 'messages' or 'prompt_ids' field")
-    if not isinstance(record[kind], str) or not record[kind]:
-        raise UsageError(f"{where}: '{kind}' must be a non-empty string")
-    return Prompt(where, text=record[kind])
-
-
-def read_prompts(path: Path) -> list[Prompt]:
-    """Every prompt of a prompt file (see PROMPT_FORMAT), in order."""
-    path = Path(path)
-    prompts = []
-    for where, line in numbered_lines(path, "prompts file"):
-        record = line if path.suffix == ".txt" else parse_json_line(line, where)
-        prompts.append(parse_prompt(record, where))
-    if not prompts:
-        raise UsageError(f"{path}: no prompts")
-    return prompts
-
-
-def encode_prompt(prompt: Prompt, tokenizer: Tokenizer | None, chat: bool | None = None,
-                  thinking: bool = False) -> list[int]:
-    """Token ids for a prompt.
-
-    Conversations always go through the chat template; raw text does when `chat` is
-    True, or when `chat` is None and the tokenizer has a template (a chat model is
-    then asked the text as a user turn). A raw code model has no template and reads
-    the text as it is. Thinking is off by default, as the released drafters were trained.
-    """
-    if prompt.ids is not None:
-        return list(prompt.ids)
-    if tokenizer is None:
-        raise UsageError(f"{prompt.where}: text prompts need a tokenizer, and the checkpoint folder has none "
-                         f"(give token ids instead)")
-    messages = prompt.messages
-    if messages is None and is_chat(prompt, tokenizer, chat):
-        messages = [{"role": "user", "content": prompt.text}]
-    if messages is not None:
-        while messages and messages[-1].get("role") == "assistant":
-            messages = messages[:-1]  # a dataset's own answer: the target writes its own
-        ids = tokenizer.encode_chat(messages, add_generation_prompt=True, enable_thinking=thinking)
-    else:
-        ids = tokenizer.encode(prompt.text)
-    if not ids:
-        raise UsageError(f"{prompt.where}: the prompt is empty")
-    return ids
-
-
-def is_chat(prompt: Prompt, tokenizer: Tokenizer | None, chat: bool | None) -> bool:
-    """Whether a prompt goes through the chat template (see `encode_prompt`)."""
-    if prompt.messages is not None:
-        return True
-    if prompt.ids is not None or tokenizer is None:
-        return False
-    return tokenizer.has_chat_template if chat is None else chat
-
-
-def encode_for_generation(prompt: Prompt, tokenizer: Tokenizer | None, chat: bool | None = None,
-                          thinking: bool = False, token_healing: bool = True) -> tuple[list[int], list[int] | None]:
-    """The prompt's ids for the loops, and the first new token's choices when token healing applies.
-
-    Healing applies to raw text only: a chat prompt ends in the template's own
-    tokens, and token ids are taken as given (see `Tokenizer.heal`).
-    """
-    ids = encode_prompt(prompt, tokenizer, chat, thinking)
-    if token_healing and prompt.text is not None and not is_chat(prompt, tokenizer, chat):
-        return tokenizer.heal(ids)
-    return ids, None
 
 
 def int_list(text: str) -> list[int]:
@@ -280,3 +84,100 @@ def check_token_ids(ids: Sequence[int], vocab_size: int, where: str) -> None:
     outside = [token for token in ids if not 0 <= token < vocab_size]
     if outside:
         raise UsageError(f"{where}: token id {outside[0]} is outside the vocabulary (0..{vocab_size - 1})")
+
+
+def jsonl_records(path: Path, what: str, whole_lines_only: bool = False) -> Iterator[tuple[str, object]]:
+    """("file:line", parsed JSON) for every non-blank line, so that errors name the line.
+
+    `whole_lines_only` skips a last line without its newline: a record a crash cut short.
+    """
+    text = read_text(path, UsageError, what)
+    if whole_lines_only:
+        text = text[: text.rfind("\n") + 1]
+    for number, line in enumerate(text.splitlines(), start=1):
+        if line.strip():
+            yield f"{path}:{number}", parse_json(line, f"{path}:{number}", UsageError)
+
+
+PROMPT_FORMAT = """\
+prompt files are JSONL: one object per line, with exactly one of
+  {"prompt": "text"}                                  raw text
+  {"messages": [{"role": "user", "content": "..."}]}  a conversation, rendered by the chat template
+  {"prompt_ids": [1, 2, 3]}                           token ids (no tokenizer needed)
+and optionally "answer", the expected final answer (bench.py checks it); other fields are ignored"""
+
+# A prompt file's field: (the Prompt attribute it fills, the type of its value, the type of its items).
+PROMPT_FIELDS = {"prompt": ("text", str, str), "messages": ("messages", list, dict), "prompt_ids": ("ids", list, int)}
+
+
+@dataclass
+class Prompt:
+    """One prompt: exactly one of text, messages or ids is set."""
+
+    where: str  # "file:line", for error messages
+    text: str | None = None
+    messages: list[dict] | None = None
+    ids: list[int] | None = None
+    answer: str | None = None  # the expected final answer, when the file gives one (benchmarks check it)
+
+
+def parse_prompt(record, where: str) -> Prompt:
+    """One line of a prompt file, checked against PROMPT_FORMAT."""
+    given = [field for field in PROMPT_FIELDS if field in record] if isinstance(record, dict) else []
+    if len(given) != 1:
+        raise UsageError(f"{where}: expected an object with exactly one of 'prompt', 'messages' or 'prompt_ids'")
+    attribute, kind, item = PROMPT_FIELDS[given[0]]
+    value, answer = record[given[0]], record.get("answer")
+    if not (value and isinstance(value, kind) and all(isinstance(x, item) for x in value)):
+        of_items = "" if kind is str else f" of {item.__name__}"
+        raise UsageError(f"{where}: '{given[0]}' must be a non-empty {kind.__name__}{of_items}")
+    return Prompt(where, **{attribute: value}, answer=None if answer is None else str(answer))
+
+
+def read_prompts(path: Path) -> list[Prompt]:
+    """Every prompt of a prompt file, in order: the one reader of the one format."""
+    prompts = [parse_prompt(record, where) for where, record in jsonl_records(path, "prompts file")]
+    if not prompts:
+        raise UsageError(f"{path}: no prompts")
+    return prompts
+
+
+def add_prompt_options(parser: argparse.ArgumentParser) -> None:
+    """Alike everywhere: a drafter trained on prompts rendered otherwise meets a distribution it never learnt."""
+    parser.add_argument("--chat", action="store_true", default=None,
+                        help="wrap text prompts in the chat template (default: when the tokenizer has one)")
+    parser.add_argument("--raw", dest="chat", action="store_false", help="feed text prompts as they are")
+    parser.add_argument("--thinking", action="store_true", help="render chat prompts with thinking on")
+    parser.add_argument("--no-token-healing", dest="token_healing", action="store_false",
+                        help="keep a raw prompt's last token even when it ends mid-token (a trailing newline or space)")
+
+
+def encode_for_generation(prompt: Prompt, tokenizer: Tokenizer | None, chat: bool | None = None,
+                          thinking: bool = False, token_healing: bool = True) -> tuple[list[int], list[int] | None]:
+    """A prompt's ids, and the first new token's choices when token healing applies (`Tokenizer.heal`), else None.
+
+    Raw text goes through the chat template when `chat`, or by default when the tokenizer has one;
+    only text fed as it is gets healed. Thinking is off by default, as the released drafters were trained.
+    """
+    if prompt.ids is not None:
+        return list(prompt.ids), None
+    if tokenizer is None:
+        raise UsageError(f"{prompt.where}: text prompts need a tokenizer, and the checkpoint folder has none")
+    messages = prompt.messages
+    if messages is None and (tokenizer.has_chat_template if chat is None else chat):
+        messages = [{"role": "user", "content": prompt.text}]
+    while messages and messages[-1].get("role") == "assistant":
+        messages = messages[:-1]  # a dataset's own answer: the target writes its own
+    if messages is None:
+        ids = tokenizer.encode(prompt.text)
+    else:
+        ids = tokenizer.encode_chat(messages, add_generation_prompt=True, enable_thinking=thinking)
+    if not ids:
+        raise UsageError(f"{prompt.where}: the prompt is empty")
+    return tokenizer.heal(ids) if token_healing and messages is None else (ids, None)
+
+
+def encode_prompt(prompt: Prompt, tokenizer: Tokenizer | None, chat: bool | None = None,
+                  thinking: bool = False) -> list[int]:
+    """A prompt's token ids, never healed (see `encode_for_generation`)."""
+    return encode_for_generation(prompt, tokenizer, chat, thinking, token_healing=False)[0]

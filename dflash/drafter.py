@@ -1,20 +1,11 @@
 """The DFlash drafter: a small block-diffusion model conditioned on the target's features.
 
-One forward pass turns a block `[last verified token, MASK, MASK, ...]` into a guess
-for every masked slot at once. It is a stack of Qwen3 decoder layers (the very
-modules of `dflash/qwen3.py`) with two changes:
-
-1. **KV injection.** The target's hidden states from a few of its layers are fused
-   once per step into one context vector per token (`hidden_norm(fc(features))`).
-   In *every* layer, the context is projected with that layer's own k/v weights and
-   placed in front of the block's keys and values. Queries come only from the block.
-2. **No causal mask.** The block attends to all of the context and all of itself:
-   it is denoised as a whole, not predicted left to right.
-
-The drafter owns no embedding and no LM head: it borrows the target's. Checkpoints
-use the authors' released layout (tensors `fc.weight`, `hidden_norm.weight`,
-`norm.weight`, `layers.{i}.*`; `config.json` with `block_size`, `num_target_layers`
-and `dflash_config`), so drafters trained here load in their code and vice versa.
+One pass turns a block `[last verified token, MASK, ...]` into a guess for every masked
+slot at once. It is a stack of Qwen3 decoder layers with two changes. KV injection: the
+target's features, fused into one context vector per token, pass through every layer's
+own k/v projections and sit before the block's keys and values (queries come only from
+the block). No causal mask: the block is denoised as a whole. The embedding and LM head
+are the target's; checkpoints use the authors' layout, so drafters load in either code.
 """
 
 from __future__ import annotations
@@ -63,13 +54,9 @@ class DrafterConfig:
 
     def to_dict(self) -> dict:
         """The authors' `config.json`: Qwen3 fields plus the DFlash ones."""
-        return {
-            **self.layers.to_dict(),
-            "architectures": ["DFlashDraftModel"],
-            "block_size": self.block_size,
-            "num_target_layers": self.num_target_layers,
-            "dflash_config": {"mask_token_id": self.mask_token_id, "target_layer_ids": self.target_layer_ids},
-        }
+        dflash = {"mask_token_id": self.mask_token_id, "target_layer_ids": self.target_layer_ids}
+        return {**self.layers.to_dict(), "architectures": ["DFlashDraftModel"], "block_size": self.block_size,
+                "num_target_layers": self.num_target_layers, "dflash_config": dflash}
 
 
 class DrafterLayer(DecoderLayer):
@@ -106,33 +93,17 @@ class Drafter(nn.Module):
         self.layers = nn.ModuleList(DrafterLayer(c) for _ in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.rotary = RotaryEmbedding(c.head_dim, c.rope_theta)
-        # Training at scale: keep only each layer's inputs, recompute the rest in the backward pass.
-        self.recompute_layers = False
+        self.recompute_layers = False  # training at scale: keep each layer's inputs, recompute the rest
 
-    def forward(
-        self,
-        target_features: torch.Tensor,
-        block_embeddings: torch.Tensor,
-        context_positions: torch.Tensor,
-        block_positions: torch.Tensor,
-        mask: torch.Tensor | None = None,
-        cache: KVCache | None = None,
-        pattern=None,
-    ) -> torch.Tensor:
+    def forward(self, target_features: torch.Tensor, block_embeddings: torch.Tensor,
+                context_positions: torch.Tensor, block_positions: torch.Tensor,
+                mask: torch.Tensor | None = None, cache: KVCache | None = None, pattern=None) -> torch.Tensor:
         """Denoise a block; return the drafter's final hidden states (batch, block, hidden).
 
-        - `target_features` (batch, ctx, n_layers * hidden): the target's hidden states
-          after `target_layer_ids`, for the context tokens not yet in `cache`.
-        - `block_embeddings` (batch, block, hidden): the block through the target's embedding.
-        - `context_positions` (ctx,) / `block_positions` (block,): absolute positions,
-          which are also the cache slots written (or (batch, n) rows when training).
-          With a cache read eagerly, the new context follows the committed one and the
-          block follows the new context. The forward never commits: the caller extends
-          the cache by the context it keeps; the block's slots are scratch.
-        - `mask`: True where a block query may look; default: everything (no cache) or
-          every slot up to the block's last position (with `cache`).
-        - `pattern` (training, no cache): an attention pattern that computes the
-          attention itself and skips what it hides (`dflash.train_kernels.AnchoredBlocks`).
+        `target_features` (batch, ctx, n_layers * hidden) cover the context not yet in `cache`.
+        Positions ((n,), or (batch, n) in training) are also the cache slots written, new context
+        then block; the caller commits the context it keeps. `mask`: where a block query may look
+        (default: all up to the block's end); `pattern` (training) computes the attention itself.
         """
         context = self.hidden_norm(self.fc(target_features))  # (batch, ctx, hidden), once per step
         num_keys = None
@@ -157,8 +128,6 @@ class Drafter(nn.Module):
         """A cache of the injected context's keys and values (the block's are overwritten each step)."""
         return KVCache.for_layers(self.config.layers, self.fc.weight, max_length, batch)
 
-    # ------------------------------------------------------------ loading and saving
-
     @classmethod
     def from_pretrained(cls, path, target: Qwen3 | None = None, device="cpu",
                         dtype: torch.dtype = torch.float32) -> "Drafter":
@@ -176,14 +145,11 @@ class Drafter(nn.Module):
 
 def check_fits(drafter: DrafterConfig, target: Qwen3Config, source: str = "drafter") -> None:
     """Refuse a drafter trained for another target, naming both values."""
-    pairs = [
-        ("hidden_size", drafter.layers.hidden_size, target.hidden_size),
-        ("vocab_size", drafter.layers.vocab_size, target.vocab_size),
-        ("num_target_layers", drafter.num_target_layers, target.num_hidden_layers),
-    ]
-    for name, ours, theirs in pairs:
+    pairs = [("hidden_size", drafter.layers.hidden_size, "hidden_size", target.hidden_size),
+             ("vocab_size", drafter.layers.vocab_size, "vocab_size", target.vocab_size),
+             ("num_target_layers", drafter.num_target_layers, "num_hidden_layers", target.num_hidden_layers)]
+    for name, ours, target_name, theirs in pairs:
         if ours != theirs:
-            target_name = "num_hidden_layers" if name == "num_target_layers" else name
             raise CheckpointError(f"{source}: drafter {name}={ours} does not fit the target's {target_name}={theirs}")
     for layer in drafter.target_layer_ids:
         if not 0 <= layer < target.num_hidden_layers:

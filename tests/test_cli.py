@@ -111,3 +111,52 @@ def test_only_the_projects_errors_become_one_line_a_bug_keeps_its_traceback():
     assert run_cli(argparse.ArgumentParser(), bad_input, []) == 2
     with pytest.raises(ValueError, match="math domain"):
         run_cli(argparse.ArgumentParser(), bug, [])
+
+
+# ------------------------------------------------------------------ prompt files
+
+
+def test_the_prompt_file_format(tmp_path):
+    """One format: JSONL objects with exactly one of "prompt", "messages", "prompt_ids"; "answer" kept as text,
+    other fields ignored, blank lines skipped but counted in "file:line"."""
+    from dflash.cli import Prompt, read_prompts
+
+    turn = [{"role": "user", "content": "2 + 2?"}]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(json.dumps(record) for record in [
+        {"prompt": "Once upon a time"}, {"messages": turn, "kind": "addition", "answer": 4}]) + "\n\n"
+        + json.dumps({"prompt_ids": [1, 2, 3], "answer": None}) + "\n")
+    assert read_prompts(path) == [Prompt(f"{path}:1", text="Once upon a time"),
+                                  Prompt(f"{path}:2", messages=turn, answer="4"),
+                                  Prompt(f"{path}:4", ids=[1, 2, 3])]
+
+
+@pytest.mark.parametrize("content, message", [
+    ('{"prompt": ""}', "'prompt' must be a non-empty str"),
+    ('{"prompt": 5}', "'prompt' must be a non-empty str"),
+    ('{"prompt_ids": [1, "2"]}', "'prompt_ids' must be a non-empty list of int"),
+    ('{"prompt_ids": []}', "'prompt_ids' must be a non-empty list of int"),
+    ('{"messages": ["hi"]}', "'messages' must be a non-empty list of dict"),
+    ('{"answer": 4}', "exactly one of 'prompt', 'messages' or 'prompt_ids'"),
+    ('[1, 2]', "exactly one of"),
+    ('{"prompt": "a",', "not valid JSON"),
+])
+def test_a_bad_prompt_line_is_one_error_naming_file_and_line(tmp_path, content, message):
+    from dflash.cli import UsageError, read_prompts
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "fine"}\n' + content + "\n")
+    with pytest.raises(UsageError) as caught:
+        read_prompts(path)
+    assert str(caught.value).startswith(f"{path}:2: ") and message in str(caught.value)
+    assert "\n" not in str(caught.value)
+
+
+def test_an_empty_or_missing_prompt_file_is_one_error(tmp_path):
+    from dflash.cli import UsageError, read_prompts
+
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    with pytest.raises(UsageError, match="no prompts"):
+        read_prompts(tmp_path / "empty.jsonl")
+    with pytest.raises(UsageError, match="prompts file not found"):
+        read_prompts(tmp_path / "missing.jsonl")

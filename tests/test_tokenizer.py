@@ -16,7 +16,8 @@ import pytest
 from tokenizers import Tokenizer as RawTokenizer
 from tokenizers import models, pre_tokenizers
 
-from dflash.tokenizer import Tokenizer, TokenizerError, find_stop_token_ids, load_tokenizer
+from dflash.tokenizer import (Tokenizer, TokenizerError, find_stop_token_ids, find_tokenizer, load_tokenizer,
+                              stop_token_ids)
 
 QWEN3_FOLDER = Path(__file__).parent / "fixtures" / "qwen3-tokenizer"
 
@@ -112,6 +113,25 @@ def test_unknown_eos_token_is_an_error(qwen3, tmp_path):
     write_json(tmp_path / "tokenizer_config.json", {"eos_token": "<|not a token|>"})
     with pytest.raises(TokenizerError, match="not a token"):
         find_stop_token_ids(tmp_path, qwen3.raw)
+
+
+def test_without_a_tokenizer_the_stop_tokens_are_generation_configs_ids(tmp_path):
+    """Token-id prompts need no tokenizer: the stop ids then come from generation_config.json alone."""
+    write_json(tmp_path / "generation_config.json", {"eos_token_id": [END_OF_TEXT, IM_END]})
+    write_json(tmp_path / "tokenizer_config.json", {"eos_token": "<|im_end|>"})  # a name, and no vocabulary to look it up
+    assert find_tokenizer(tmp_path) is None
+    assert stop_token_ids(tmp_path, None) == [END_OF_TEXT, IM_END]
+    write_json(tmp_path / "generation_config.json", {"eos_token_id": 7})
+    assert stop_token_ids(tmp_path, None) == [7]
+    (tmp_path / "generation_config.json").unlink()
+    assert stop_token_ids(tmp_path, None) == []
+
+
+def test_a_config_that_is_not_json_is_one_line_naming_the_file(qwen3, tmp_path):
+    (tmp_path / "generation_config.json").write_text("{not json")
+    with pytest.raises(TokenizerError, match=r"generation_config\.json: not valid JSON") as caught:
+        find_stop_token_ids(tmp_path, qwen3.raw)
+    assert "\n" not in str(caught.value)
 
 
 # --------------------------------------------------------------------------- loading
