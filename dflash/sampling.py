@@ -10,13 +10,13 @@ sampling (`verdicts`), so that every committed token follows the target's law.
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
+from dflash.checkpoint import read_json
 from dflash.cli import UsageError
 
 
@@ -161,10 +161,7 @@ def sampling_of(args, model: Path) -> Sampling:
     """The `Sampling` the options ask for; `--sample-from-config` reads what the checkpoint recommends."""
     if not args.sample_from_config:
         return Sampling(args.temperature, args.top_k, args.top_p, args.min_p)
-    path = Path(model) / "generation_config.json"
-    if not path.is_file():
-        raise UsageError(f"--sample-from-config: {path} not found")
-    config = json.loads(path.read_text())
+    config = read_json(Path(model) / "generation_config.json", UsageError)
     if not config.get("do_sample", False):
         return Sampling()
     return Sampling(config.get("temperature", 1.0), config.get("top_k", 0) or 0, config.get("top_p", 1.0),
