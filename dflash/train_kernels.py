@@ -1,30 +1,16 @@
 """Drafter training at real scale: the two dense costs, and their exact replacements.
 
-At the paper's settings (4 sequences of up to 3,072 tokens, 512 anchors, blocks of
-16) one training step scores 30,720 slots. Done the plain way, two things do not fit:
-
-1. **The LM-head loss.** 30,720 slots x 151,936 vocabulary logits is 9 GB in bf16,
-   plus the float32 copy the softmax wants and the probabilities autograd keeps for
-   the backward pass. `chunked_lm_head_loss` walks the slots a chunk at a time and,
-   while a chunk's logits are at hand, computes their gradient too (the gradient of
-   cross-entropy with respect to the logits is `softmax - one_hot`), so the peak is
-   one chunk's logits, however many slots there are. The LM head is the target's and
-   frozen, so the gradient with respect to the hidden states is all the backward needs.
-
-2. **The block attention.** All blocks of a sequence run in one forward, and a mask
-   lets block j see only the context before its anchor a_j and its own B tokens.
-   As a dense mask that is (K*B) x (S + K*B) entries per sequence, and more than
-   90 % of the work is masked away: every block "looks at" every other block's keys
-   only to throw the scores out. `AnchoredBlocks` is the same pattern as an object
-   that computes the attention itself and skips whole masked regions: on CUDA with
-   FlexAttention and a block mask (compiled), elsewhere (CPU) by running consecutive
-   blocks a chunk at a time against only the context they can see.
-
-Both are exact: the tests compare values and gradients with the dense versions.
+One training step at the paper's settings scores 30,720 slots (4 sequences, 512
+anchors, blocks of 16). Done the plain way, two things do not fit: the LM-head loss
+(slots x 151,936 logits) and the block attention ((K*B) x (S + K*B) scores a sequence,
+most of them masked). `chunked_lm_head_loss` computes the loss and its gradient a chunk
+of slots at a time; `AnchoredBlocks` computes the attention and skips what the mask
+hides. Both are exact: the tests compare values and gradients with the dense ways.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -36,10 +22,9 @@ import torch.nn.functional as F
 class ChunkedLMHeadLoss(torch.autograd.Function):
     """sum_i w_i * cross_entropy(hidden_i @ head.T, label_i), one chunk of slots at a time.
 
-    Forward computes, chunk by chunk, the logits, the weighted loss, whether the top
-    logit is the label (for the per-slot accuracy), and d loss / d hidden; backward
-    only scales that stored gradient. Nothing of size slots x vocabulary ever exists.
-    The head must be frozen (no gradient is computed for it).
+    While a chunk's logits are at hand, forward also computes their gradient (for
+    cross-entropy, softmax - one_hot) and from it d loss / d hidden; backward only scales
+    that. The peak is one chunk's logits; the head is frozen (it gets no gradient).
     """
 
     @staticmethod
@@ -77,12 +62,9 @@ class ChunkedLMHeadLoss(torch.autograd.Function):
 
 def chunked_lm_head_loss(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor,
                          label_weights: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum_i w_i * CE_i, top-1 hit per slot), peak memory O(chunk_size x vocab).
+    """(sum_i w_i * CE_i, top-1 hit per slot) of `hidden` (N, hidden) through the frozen `head` (vocab, hidden).
 
-    `hidden` (N, hidden) the drafter's normed outputs, `head` (vocab, hidden) the
-    target's frozen LM head, `labels` (N,), `label_weights` (N,) (normalise them to sum
-    to 1 for a weighted mean). `chunk_size` 0 means all slots in one go (the dense way,
-    kept as the reference: plain autograd, logits and softmax kept for the backward).
+    `chunk_size` 0: all slots at once with plain autograd, the dense reference.
     """
     if head.requires_grad:
         raise ValueError("chunked_lm_head_loss computes no gradient for the LM head: it must be frozen")
@@ -106,12 +88,10 @@ def at_least_float32(dtype: torch.dtype) -> torch.dtype:
 class AnchoredBlocks:
     """The training attention pattern of `train.py`: block j sees the context before a_j, and itself.
 
-    Keys are laid out [context (S) ; blocks (K*B)], queries are the K*B block slots.
-    A query of block j sees context position c iff c < a_j (strictly: at inference
-    the block at a_j is drafted before x_a is verified into the context), all of its
-    own block in both directions (the block is denoised as a whole), and nothing of
-    any other block. `Attention.attend` accepts this object in place of a mask tensor
-    and calls its `attend`, which never computes a score the pattern hides.
+    Keys are [context (S) ; blocks (K*B)], queries the K*B block slots. Block j sees
+    context position c iff c < a_j (at inference its feature does not exist yet), all of
+    its own block in both directions, and nothing of another block. The drafter calls
+    `attend` in place of masked attention; it never computes a score the pattern hides.
     """
 
     anchors: torch.Tensor  # (batch, K), sorted along each row (padding blocks may sit at 0)
@@ -134,21 +114,14 @@ class AnchoredBlocks:
         return torch.cat([sees_context, sees_block], dim=-1)[:, None]  # (batch, 1, K*B, S + K*B)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Attention under the pattern: q (batch, heads, K*B, d), k/v (batch, kv_heads, S + K*B, d).
-
-        Returns (batch, heads, K*B, d), equal to dense masked attention.
-        """
-        if q.device.type == "cuda":
-            return self.attend_flex(q, k, v)
-        return self.attend_in_chunks(q, k, v)
+        """q (batch, heads, K*B, d), k/v (batch, kv_heads, S + K*B, d) -> (batch, heads, K*B, d), as dense."""
+        return self.attend_flex(q, k, v) if q.device.type == "cuda" else self.attend_in_chunks(q, k, v)
 
     def attend_in_chunks(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Consecutive blocks a chunk at a time, each against the context it can see and its own keys.
+        """Consecutive blocks a chunk at a time, each chunk one SDPA call against only the keys it can see.
 
-        Anchors are sorted, so a chunk of blocks needs the context only up to its
-        largest anchor, and of the blocks' keys only the chunk's own. Each chunk is one
-        SDPA call (its fused kernel on CPU: no score matrix kept) with a small mask;
-        across all chunks the work is about K*B x (S/2 + chunk) instead of K*B x (S + K*B).
+        Anchors are sorted, so a chunk needs the context up to its largest anchor and of
+        the blocks' keys only its own: about K*B x (S/2 + chunk) work instead of K*B x (S + K*B).
         """
         batch, count = self.anchors.shape
         block, length = self.block_size, self.context_length
@@ -176,14 +149,12 @@ class AnchoredBlocks:
     FLEX_TILE = 128  # FlexAttention's query and key tile
 
     def flex_block_mask(self, num_queries: int, num_keys: int, device):
-        """The pattern as FlexAttention's block mask, built from the anchors, once per step.
+        """The pattern as FlexAttention's block mask, built from the anchors once per step.
 
-        Which key tiles a query tile may need follows from the anchors alone: the context
-        tiles up to the tile's largest anchor (anchors are sorted), and the tiles holding
-        the tile's own blocks. Listing them directly costs (batch, query tiles, key
-        tiles) booleans; `create_block_mask` uncompiled would evaluate the mask at every
-        (query, key) pair first (+555 MiB at batch 2, 4,096 x 5,120). The `mask_mod`
-        then decides inside each listed tile.
+        A query tile needs the context tiles up to its largest anchor and the tiles of its
+        own blocks: listed from the anchors directly, (batch, query tiles, key tiles)
+        booleans, never the dense mask that `create_block_mask` would evaluate first.
+        `visible` then decides inside each listed tile.
         """
         from torch.nn.attention.flex_attention import BlockMask
 
@@ -214,14 +185,9 @@ class AnchoredBlocks:
                                         seq_lengths=(num_queries, num_keys))
 
 
-_COMPILED_FLEX = None
-
-
+@functools.cache
 def compiled_flex_attention():
     """`flex_attention`, compiled once per process: uncompiled it runs a slow reference that scores every key."""
-    global _COMPILED_FLEX
-    if _COMPILED_FLEX is None:
-        from torch.nn.attention.flex_attention import flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
 
-        _COMPILED_FLEX = torch.compile(flex_attention, dynamic=True)
-    return _COMPILED_FLEX
+    return torch.compile(flex_attention, dynamic=True)

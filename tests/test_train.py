@@ -242,7 +242,7 @@ def test_data_prompts_match_the_inference_cli(tmp_path, tokenizer, thinking):
     cli_ids = encode_prompt(Prompt("--prompt", text=question), tokenizer, chat=True, thinking=thinking)
     turn = {"role": "user", "content": question}
     answer = {"role": "assistant", "content": "The dataset's answer."}
-    path = prompts_file(tmp_path / "p.jsonl", {"messages": [turn]}, {"messages": [turn, answer]}, {"text": question})
+    path = prompts_file(tmp_path / "p.jsonl", {"messages": [turn]}, {"messages": [turn, answer]}, {"prompt": question})
     ids = prompt_ids(path, tokenizer, None, thinking, token_healing=True)
     assert ids == [cli_ids] * 3  # the dataset's own answer is dropped: the target writes its own; no healing in chat
 
@@ -253,12 +253,24 @@ def test_thinking_mode_changes_the_prompt(tmp_path, tokenizer):
 
 
 def test_plain_text_and_ids_prompts(tmp_path, tokenizer):
-    txt = tmp_path / "p.txt"
-    txt.write_text("hello world\n\nsecond\n")
     expected = [tokenizer.encode("hello world"), tokenizer.encode("second")]
-    assert prompt_ids(txt, tokenizer, False, False) == expected
-    jsonl = prompts_file(tmp_path / "p.jsonl", {"prompt_ids": [1, 2]}, {"text": "hello world"}, {"prompt": "second"})
+    jsonl = prompts_file(tmp_path / "p.jsonl", {"prompt_ids": [1, 2]}, {"prompt": "hello world"}, {"prompt": "second"})
     assert prompt_ids(jsonl, tokenizer, False, False) == [[1, 2], *expected]
+
+
+@pytest.mark.parametrize("line", ['"hello world"', '{"text": "hello world"}', "hello world",
+                                  '{"prompt": "hello", "prompt_ids": [1, 2]}'])
+def test_prompt_variants_outside_the_one_format_are_refused_in_one_line(tmp_path, capsys, line):
+    """A prompt file has one format: JSONL objects with exactly one of "prompt", "messages", "prompt_ids".
+    Bare strings, {"text"} and plain-text (.txt) lines, once read too, are refused, naming file and line."""
+    for name in ("p.jsonl", "p.txt"):
+        path = tmp_path / name
+        path.write_text(json.dumps({"prompt": "first"}) + "\n\n" + line + "\n")
+        with pytest.raises(UsageError) as caught:
+            read_prompts(path)
+        assert str(caught.value).startswith(f"{path}:3: ") and "\n" not in str(caught.value)
+    error = one_error_line(capsys, make_data_argv(path, tmp_path / "data.jsonl"), make_data.main)
+    assert f"{path}:3: " in error and not (tmp_path / "data.jsonl").exists()
 
 
 # ------------------------------------------------------------------ data generation
@@ -535,9 +547,12 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     empty = tmp_path / "empty.jsonl"
     empty.write_text(json.dumps({"input_ids": [1, 2, 3], "loss_mask": [1, 0, 0]}) + "\n")
     assert "no valid block" in one_error_line(capsys, train_argv(empty, tmp_path / "c"))
-    prompts = prompts_file(tmp_path / "prompts.jsonl", {"text": "hello"})
+    prompts = prompts_file(tmp_path / "prompts.jsonl", {"prompt": "hello"})
     assert "need a tokenizer" in one_error_line(capsys, make_data_argv(prompts, tmp_path / "d"), make_data.main)
     assert "--block-size" in one_error_line(capsys, train_argv(data, tmp_path / "e", "--block-size", "1"))
+    assert "--lr" in one_error_line(capsys, train_argv(data, tmp_path / "e", "--lr", "nan"))
+    assert "--epochs" in one_error_line(capsys, train_argv(data, tmp_path / "e", "--epochs", "0"))
+    assert "--force" in one_error_line(capsys, train_argv(data, tmp_path / "e", "--resume", "--force"))
     assert "nothing to resume" in one_error_line(capsys, train_argv(data, tmp_path / "f", "--resume"))
     assert "--target-layer-ids" in one_error_line(capsys, train_argv(data, tmp_path / "g", "--target-layer-ids", "1,x"))
 
@@ -574,13 +589,18 @@ def test_bad_arguments_exit_2_without_traceback(script):
     assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
 
 
-def test_the_parser_is_built_from_the_config():
-    """Every TrainConfig field is an option with the field's default; a parsed command line is a config."""
+def test_the_parser_is_the_whole_config():
+    """TrainConfig is every option at its default but for those given; a parsed command line is a config,
+    and the defaults are the paper's recipe (6 epochs)."""
     args = train.build_parser().parse_args(["--target", "t", "--data", "d", "--out", "o", "--target-layer-ids", "1,3",
                                             "--gamma", "2.5", "--fsdp"])
     cfg = train.TrainConfig(**vars(args))
     defaults = train.TrainConfig(target="t", data="d", out="o")
     assert cfg == train.TrainConfig(**{**vars(defaults), "target_layer_ids": [1, 3], "gamma": 2.5, "fsdp": True})
+    assert (defaults.epochs, defaults.block_size, defaults.drafter_layers, defaults.lr) == (6, 16, 5, 6e-4)
+    assert set(train.MAY_CHANGE_ON_RESUME) < set(vars(defaults))
+    with pytest.raises(TypeError, match="bogus"):
+        train.TrainConfig(bogus=1)
 
 
 # ------------------------------------------------------------------- data parallel
