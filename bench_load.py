@@ -22,41 +22,40 @@ from pathlib import Path
 
 import torch
 
+from bench_common import peak_memory, randomize, reset_peak_memory
 from dflash.cli import OneLineErrors
 from dflash.qwen3 import Qwen3, Qwen3Config, official_names
 
-MEASURE = r"""
-import sys, torch
-from dflash.qwen3 import Qwen3
-def peak_rss():  # VmHWM: this process's high-water mark (ru_maxrss would include the parent's)
-    line = next(l for l in open("/proc/self/status") if l.startswith("VmHWM"))
-    return int(line.split()[1]) * 1024
-before = peak_rss()
-model = Qwen3.from_pretrained(sys.argv[1], dtype=torch.bfloat16)
-touched = sum(float(p.sum()) for p in model.parameters())  # fault in every page, as a forward would
-peak = peak_rss()
-print(before, peak, sum(p.numel() * p.element_size() for p in model.parameters()))
-"""
+CPU = torch.device("cpu")
+
+
+def measure(folder: str) -> None:
+    """In a fresh process: the peak's growth while loading `folder`, and the bytes of the loaded weights."""
+    reset_peak_memory(CPU)  # the peak is now what the process holds: torch and the project imported
+    before = peak_memory(CPU)
+    model = Qwen3.from_pretrained(folder, dtype=torch.bfloat16)
+    sum(float(p.sum()) for p in model.parameters())  # fault in every page, as a forward would
+    print(before, peak_memory(CPU), sum(p.numel() * p.element_size() for p in model.parameters()))
 
 
 def write_synthetic_checkpoint(folder: Path, config: Qwen3Config, shards: int) -> int:
-    """Random bf16 tensors in the official names, split across `shards` files; returns bytes written."""
+    """Random bf16 weights in the official names, split across `shards` files; returns bytes written."""
     from safetensors.torch import save_file
 
     with torch.device("meta"):
-        model = Qwen3(config)
-    shapes = {official: model.get_parameter(ours).shape for official, ours in official_names(model).items()}
-    order = list(shapes)
+        model = Qwen3(config).to(torch.bfloat16)
+    model = randomize(model.to_empty(device=CPU))  # the bf16 model, once: no float32 copy
+    names = official_names(model)
+    order = list(names)
     per_shard = -(-len(order) // shards)  # ceiling division
     weight_map, total = {}, 0
     for index in range(shards):
         file = f"model-{index + 1:05d}-of-{shards:05d}.safetensors" if shards > 1 else "model.safetensors"
-        tensors = {name: torch.randn(shapes[name]).to(torch.bfloat16) * 0.02
+        tensors = {name: model.get_parameter(names[name]).detach()
                    for name in order[index * per_shard:(index + 1) * per_shard]}
         save_file(tensors, folder / file, metadata={"format": "pt"})
         weight_map.update({name: file for name in tensors})
         total += (folder / file).stat().st_size
-        del tensors
     if shards > 1:
         (folder / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
     (folder / "config.json").write_text(json.dumps({**config.to_dict(), "dtype": "bfloat16"}))
@@ -69,13 +68,17 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=16)
     parser.add_argument("--vocab", type=int, default=32768)
     parser.add_argument("--shards", type=int, default=1)
+    parser.add_argument("--measure", metavar="DIR", help=argparse.SUPPRESS)  # internal: load DIR, print the memory
     args = parser.parse_args()
+    if args.measure:
+        return measure(args.measure)
     config = Qwen3Config(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=3 * args.hidden,
                          num_hidden_layers=args.layers, num_attention_heads=16, num_key_value_heads=8,
                          head_dim=128, tie_word_embeddings=False)
     with tempfile.TemporaryDirectory() as tmp:
         on_disk = write_synthetic_checkpoint(Path(tmp), config, args.shards)
-        result = subprocess.run([sys.executable, "-c", MEASURE, tmp], capture_output=True, text=True, check=True)
+        result = subprocess.run([sys.executable, __file__, "--measure", tmp], capture_output=True, text=True,
+                                check=True)
     before, peak, in_model = map(int, result.stdout.split())
     growth = peak - before
     print(f"checkpoint on disk: {on_disk / 2**30:.2f} GiB in {args.shards} file(s), bf16")

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 import train
+from bench_common import peak_memory, print_table, randomize, reset_peak_memory
 from dflash.cli import OneLineErrors, UsageError, run_cli
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3, Qwen3Config
@@ -125,43 +126,16 @@ def print_projection(batches: tuple[int, ...] = (1, 2, 4)) -> None:
 # ------------------------------------------------------------------------ one process
 
 
-def reset_peak() -> None:
-    """Restart the peak memory count (VmHWM on Linux; CUDA's own counter)."""
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-    Path("/proc/self/clear_refs").write_text("5")
-
-
-def memory_now() -> int:
-    if torch.cuda.is_available():
-        return torch.cuda.memory_allocated()
-    return int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1]) * 1024
-
-
-def memory_peak() -> int:
-    if torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated()
-    return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) * 1024
-
-
-def random_model(model: torch.nn.Module) -> torch.nn.Module:
-    """Small random weights, in place (no second copy), unit norms."""
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            parameter.fill_(1.0) if name.endswith("norm.weight") else parameter.normal_(0.0, 0.02)
-    return model
-
-
 def measure_one(args: argparse.Namespace) -> dict:
     """Build the pair, run `--steps` training steps on one path, return its peak and speed."""
     torch.manual_seed(0)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     with torch.device(device):
-        target = train.freeze(random_model(Qwen3(target_config(args.shape))).to(dtype))
+        target = train.freeze(randomize(Qwen3(target_config(args.shape))).to(dtype))
     cfg = train.TrainConfig(drafter_layers=args.drafter_layers, block_size=args.block_size)
     config = train.build_drafter_config(cfg, target.config, None)
-    drafter = random_model(Drafter(config)).to(device).train()
+    drafter = randomize(Drafter(config)).to(device).train()
     drafter.recompute_layers = args.one == "fast"  # "fast-keep": the fast kernels, activations kept
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(0)
@@ -173,8 +147,8 @@ def measure_one(args: argparse.Namespace) -> dict:
     times = []
     for step in range(args.steps + 1):  # one warm-up step first: it allocates AdamW's moments and the gradients
         if step == 1:
-            before = memory_now()
-            reset_peak()
+            reset_peak_memory(device)  # the peak is now what the process holds
+            before = peak_memory(device)
         anchors, real = train.batch_anchors(loss_mask, args.anchors, generator)
         started = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
@@ -185,7 +159,8 @@ def measure_one(args: argparse.Namespace) -> dict:
             torch.cuda.synchronize()
         times.append(time.perf_counter() - started)
     step_seconds = statistics.median(times[1:])
-    return {"path": args.one, "shape": args.shape, "device": device.type, "peak_step_mb": (memory_peak() - before) / 2**20,
+    return {"path": args.one, "shape": args.shape, "device": device.type,
+            "peak_step_mb": (peak_memory(device) - before) / 2**20,
             "step_seconds": step_seconds, "tokens_per_second": args.batch * args.seq_len / step_seconds,
             "loss": loss.item()}
 
@@ -214,13 +189,11 @@ def report(args: argparse.Namespace) -> int:
                                      args.drafter_layers, args.loss_chunk_size, activation_bytes=4, target_bytes=4,
                                      recompute=recompute)
         predicted[path] = (sum(parts.values()) - sum(parts[name] for name in steady)) / 2**20
-    print(f"{args.shape}, batch {args.batch} x {args.seq_len} tokens, {args.anchors} anchors x {args.block_size}, "
-          f"{args.drafter_layers} drafter layers, loss chunk {args.loss_chunk_size}, {args.steps} steps on "
-          f"{rows[0]['device']} ({torch.get_num_threads()} threads)")
-    print(f"{'path':<9} {'peak growth':>12} {'step':>8} {'tokens/s':>9}")
-    for row in rows:
-        print(f"{row['path']:<9} {row['peak_step_mb']:>9.0f} MB {row['step_seconds']:>7.2f}s "
-              f"{row['tokens_per_second']:>9.1f}")
+    print_table(f"{args.shape}, batch {args.batch} x {args.seq_len} tokens, {args.anchors} anchors x "
+                f"{args.block_size}, {args.drafter_layers} drafter layers, loss chunk {args.loss_chunk_size}, "
+                f"{args.steps} steps on {rows[0]['device']} ({torch.get_num_threads()} threads)",
+                [("path", "s"), ("peak growth, MB", ".0f"), ("step, s", ".2f"), ("tokens/s", ".1f")],
+                [[row["path"], row["peak_step_mb"], row["step_seconds"], row["tokens_per_second"]] for row in rows])
     dense = next((r for r in rows if r["path"] == "dense"), None)
     for row in rows:
         if dense and row is not dense:

@@ -1,4 +1,5 @@
-"""The benchmark: its arithmetic on step records made up by hand, and short runs on the fixture pair."""
+"""The benchmarks: bench.py's arithmetic on step records made up by hand, short runs on the fixture pair, and the
+helpers every benchmark shares (bench_common.py)."""
 
 import importlib.util
 import json
@@ -8,9 +9,10 @@ import pytest
 import torch
 
 import bench
+import bench_common
 from generate import acceptance_histogram, per_position_acceptance
 from bench import (BenchPrompt, Loops, Run, distinct_ngram_ratio, efficiency, ideal_speedup,
-                   is_degenerate, loop_figures, pooled_tau, summarize_row)
+                   is_degenerate, loop_figures, summarize_row)
 from dflash.cli import UsageError
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
@@ -43,12 +45,16 @@ def test_degenerate_means_a_ratio_below_three_tenths():
 
 def test_tau_histogram_and_per_position_acceptance():
     lengths = [1, 3, 4, 4]  # block 4: slot 1 rejected; slots 1-2 kept, 3 rejected; all kept, twice
-    assert pooled_tau(lengths) == 3.0
+    runs = [made_up_run([0, 1], lengths[:1], 0.2, 0.1, {"draft": 0.05, "verify": 0.05}),
+            made_up_run(list(range(12)), lengths[1:], 0.4, 0.1, {"draft": 0.1, "verify": 0.2})]
+    pooled = loop_figures(runs, 4)  # over every step of both runs, not a mean of their taus (1 and 11/3)
+    assert pooled["tau"] == 3.0 and pooled["acceptance_histogram"] == acceptance_histogram(lengths, 4)
     assert acceptance_histogram(lengths, 4) == [1, 0, 1, 2]
     # slot 1: reached 4 times, kept 3; slot 2: reached 3, kept 3; slot 3: reached 3, kept 2
     assert per_position_acceptance(lengths, 4) == [3 / 4, 1.0, 2 / 3]
     assert per_position_acceptance([1, 1], 4) == [0.0, None, None]  # slots 2 and 3 never reached
-    assert per_position_acceptance([], 4) == [None] * 3 and pooled_tau([]) is None
+    assert per_position_acceptance([], 4) == [None] * 3
+    assert loop_figures([made_up_run([5], [], 0.1, 0.1, {"decode": 0.0})])["tau"] is None  # no step: no tau
 
 
 def test_efficiency_is_the_measured_share_of_the_ideal_speedup():
@@ -117,8 +123,7 @@ def loops():
     target = Qwen3.from_pretrained(TARGET)
     drafter = Drafter.from_pretrained(DRAFTER, target=target)
     max_length = max(map(len, PROMPTS)) + NEW_TOKENS + 2 * 8
-    runner = ModelRunner(target, drafter, max_length=max_length, block_size=8)
-    return Loops(target, drafter, {8: runner}, stop_ids=[], seed=0, max_new_tokens=NEW_TOKENS)
+    return Loops(target, drafter, stop_ids=[], seed=0, max_new_tokens=NEW_TOKENS, max_length=max_length)
 
 
 def test_the_oracle_accepts_every_block_whole(loops):
@@ -134,7 +139,8 @@ def test_the_oracle_accepts_every_block_whole(loops):
     summary = summarize_row(oracle.runs, oracle.baseline, 0.0, 8)["all"]
     assert summary["tau"] == 8.0 and summary["per_position_acceptance"] == [1.0] * 7
     assert summary["acceptance_histogram"] == [0] * 7 + [3 * len(PROMPTS)]
-    assert not {"draft", "verify", "decode"} & set(loops.runners[8].__dict__)  # the runner's own methods are back
+    assert not {"draft", "verify", "decode"} & set(loops.runner("DFlash", 8).__dict__)  # no method swapped
+    assert type(loops.runner("DFlash", 8)) is ModelRunner  # the chain is measured on the runner as generate.py has it
 
 
 def prompt_file(tmp_path) -> Path:
@@ -200,3 +206,32 @@ def test_accuracy_counts_replies_whose_last_number_is_the_answer():
     runs[0].correct, runs[1].correct = True, False  # the third prompt has no known answer
     assert bench.accuracy(runs) == 0.5 and loop_figures(runs)["accuracy"] == 0.5
     assert bench.accuracy(runs[2:]) is None
+
+
+# ------------------------------------------------------------- what the benchmarks share
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="VmHWM is Linux's")
+def test_peak_memory_restarts_and_counts_what_is_touched():
+    cpu = torch.device("cpu")
+    bench_common.reset_peak_memory(cpu)
+    held = bench_common.peak_memory(cpu)
+    block = torch.ones(2**24)  # 64 MiB, every page written
+    assert bench_common.peak_memory(cpu) - held >= 60 * 2**20
+    del block
+    bench_common.reset_peak_memory(cpu)
+    assert bench_common.peak_memory(cpu) - held < 32 * 2**20  # the peak follows what is held now
+
+
+def test_random_weights_are_small_with_unit_norms():
+    model = bench_common.randomize(Qwen3.from_pretrained(TARGET))
+    for name, parameter in model.named_parameters():
+        if name.endswith("norm.weight"):
+            assert bool((parameter == 1).all()), name
+        else:
+            assert 0.015 < float(parameter.std()) < 0.025, name
+
+
+def test_a_table_right_aligns_ratios_and_missing_values(capsys):
+    bench_common.print_table("title", [("a", "s"), ("ratio", ".2fx")], [["x", 1.234], ["yy", None]])
+    assert capsys.readouterr().out == "\ntitle\n   a ratio\n   x 1.23x\n  yy     -\n"

@@ -1,0 +1,53 @@
+"""What the benchmarks share: the process's peak memory, models with random weights, text tables.
+
+bench.py, bench_load.py and bench_train.py each measure peak memory, the last two build
+models whose weights do not matter (memory and time do not depend on them), and bench.py
+and bench_train.py print their results as tables.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+
+def peak_memory(device: torch.device) -> int | None:
+    """Peak bytes so far: CUDA's largest allocation, or the RSS high-water mark (VmHWM; None without /proc).
+
+    Unlike getrusage's maximum, VmHWM can be restarted and never counts a parent's pages after a fork.
+    """
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    status = Path("/proc/self/status")
+    return int(re.search(r"VmHWM:\s*(\d+)", status.read_text())[1]) * 1024 if status.exists() else None
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Restart `peak_memory` from what the process holds now."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    else:
+        Path("/proc/self/clear_refs").write_text("5")  # 5: VmHWM back to the current RSS
+
+
+def randomize(model: torch.nn.Module) -> torch.nn.Module:
+    """Small random weights in place (no second copy): N(0, 0.02), and 1 for the norms."""
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            parameter.fill_(1.0) if name.endswith("norm.weight") else parameter.normal_(0.0, 0.02)
+    return model
+
+
+def print_table(title: str, columns: Sequence[tuple[str, str]], lines: list[Sequence]) -> None:
+    """`title`, then a right-aligned table; each column is a (header, format spec), and a spec ending in "x"
+    marks a ratio ("1.73x"). A missing value (None) prints as "-"."""
+    def cell(value, spec: str) -> str:
+        return "-" if value is None else format(value, spec.rstrip("x")) + ("x" if spec.endswith("x") else "")
+
+    cells = [[header for header, _ in columns]] + [[cell(v, spec) for v, (_, spec) in zip(line, columns)]
+                                                   for line in lines]
+    widths = [max(map(len, column)) for column in zip(*cells)]
+    print(f"\n{title}\n" + "\n".join("  " + " ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells))
