@@ -1,6 +1,7 @@
 """Benchmark DFlash against plain decoding on a prompt set, in one run, on one machine.
 
     python bench.py --block-sizes 4 8 16 --temperatures 0 0.7 --trees 16 --json FILE --plots DIR --peer transformers
+    python bench.py --block-sizes 4 16 --temperatures 0.7 1.0 --draft-policy greedy sampled mixed:2 --filters none config
 
 Pooled over prompts (totals, not means of ratios): tau, tokens/s, speedup, acceptance per draft slot, correct
 answers; from a second pass, timed by phase, where a step's time goes. Repetition flatters any drafter, so the
@@ -29,8 +30,10 @@ from bench_common import peak_memory, print_table
 from dflash.cli import (PROMPT_FORMAT, OneLineErrors, UsageError, add_device_options, add_prompt_options,
                         encode_for_generation, find_tokenizer, pick_device, pick_dtype, read_prompts, run_cli,
                         stop_token_ids)
+from dflash.checkpoint import read_json
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
+from dflash.sampling import Sampling, sampled_slots
 from generate import (WEIGHTS, Generation, ModelRunner, generate_autoregressive, generate_dflash,
                       generate_dflash_tree, keep_only, per_position_acceptance, synchronize)
 
@@ -149,10 +152,11 @@ class Loops:
                 max_length=self.max_length + budget + 1, **self.runner_options)
         return self.runners[kind, block_size]
 
-    def run(self, kind: str, block_size: int | None, prompt: BenchPrompt, temperature: float,
-            max_new_tokens: int | None = None, stop: bool = True) -> Generation:
+    def run(self, kind: str, block_size: int | None, prompt: BenchPrompt, temperature: float | Sampling,
+            max_new_tokens: int | None = None, stop: bool = True, policy: str = "greedy") -> Generation:
         """One call of a loop, with the seed, limit and first-token choices of every other."""
-        options = dict(temperature=temperature, stop_ids=self.stop_ids if stop else (),
+        sampling = temperature if isinstance(temperature, Sampling) else Sampling(temperature)
+        options = dict(sampling=sampling, stop_ids=self.stop_ids if stop else (),
                        generator=torch.Generator(self.target.embed_tokens.weight.device).manual_seed(self.seed),
                        runner=self.runner(kind, block_size), first_token_choices=prompt.first_token_choices)
         args = (prompt.ids, max_new_tokens or self.max_new_tokens)
@@ -160,47 +164,59 @@ class Loops:
             return generate_autoregressive(self.target, *args, **options)
         if kind.startswith("tree "):
             return generate_dflash_tree(self.target, self.drafter, *args, budget=int(kind[5:]), **options)
-        return generate_dflash(self.target, self.drafter, *args, block_size=block_size, **options)
+        return generate_dflash(self.target, self.drafter, *args, block_size=block_size, draft_policy=policy, **options)
 
     def greedy_truth(self, prompt: BenchPrompt, extra: int) -> torch.Tensor:
         """The prompt and its greedy continuation, `extra` tokens past the limit and past any stop token: (n,)."""
         tail = self.run("plain", None, prompt, 0.0, self.max_new_tokens + extra, stop=False).new_ids
         return torch.tensor(prompt.ids + tail, device=self.target.embed_tokens.weight.device)
 
-    def measure(self, kind: str, block_size: int | None, prompt: BenchPrompt, temperature: float,
-                truth: torch.Tensor | None = None) -> Run:
+    def measure(self, kind: str, block_size: int | None, prompt: BenchPrompt, temperature: float | Sampling,
+                truth: torch.Tensor | None = None, policy: str = "greedy") -> Run:
         """Run a loop twice, clean then with its runner's phases timed; check the reply against the answer."""
         runner = self.runner(kind, block_size)
         if kind == "oracle":
             runner.truth = truth
-        result = self.run(kind, block_size, prompt, temperature)
+        result = self.run(kind, block_size, prompt, temperature, policy=policy)
         phases = ["decode"] if kind == "plain" else ["draft", "verify"]
         runner.clock = clock = PhaseClock(self.target.embed_tokens.weight.device, phases)
-        timed = self.run(kind, block_size, prompt, temperature)
+        timed = self.run(kind, block_size, prompt, temperature, policy=policy)
         runner.clock = None
         correct = final_number(self.decode(result.new_ids)) == prompt.answer if prompt.answer and self.decode else None
         return Run(result, timed, clock.seconds, clock.calls, correct)
 
 
-Row = namedtuple("Row", "kind temperature block_size runs baseline")  # baseline: the plain loop's runs
+# baseline: the plain loop's runs at the same sampling; policy: how DFlash drafts; filters: "" or e.g. "k20 p0.8".
+Row = namedtuple("Row", "kind temperature block_size runs baseline policy filters", defaults=("greedy", ""))
+
+
+def filters_label(sampling: Sampling) -> str:
+    named = (("k", sampling.top_k, 0), ("p", sampling.top_p, 1.0), ("min_p", sampling.min_p, 0.0))
+    return " ".join(f"{name}{value:g}" for name, value, off in named if value != off)
 
 
 def benchmark(loops: Loops, prompts: Sequence[BenchPrompt], block_sizes: Sequence[int], temperatures: Sequence[float],
-              oracle: bool, trees: Sequence[int] = ()) -> tuple[dict[float, list[Run]], list[Row]]:
-    """Each loop on every prompt at each temperature: the rows, and the plain loop's runs per temperature."""
+              oracle: bool, trees: Sequence[int] = (), policies: Sequence[str] = ("greedy",),
+              filter_sets: Sequence[dict] = ({},)) -> tuple[dict[Sampling, list[Run]], list[Row]]:
+    """Each loop on every prompt at each sampling (a temperature, and above 0 each set of filters and each draft
+    policy): the rows, and the plain loop's runs per `Sampling`."""
     baselines, rows = {}, []
-    for temperature in temperatures:
-        ceiling = oracle and temperature == 0  # the oracle's drafts: the greedy continuation, past the largest block
+    for sampling in [Sampling(t, **f) for t in temperatures for f in (filter_sets if t > 0 else [{}])]:
+        ceiling = oracle and sampling.greedy  # the oracle's drafts: the greedy continuation, past the largest block
         truths = [loops.greedy_truth(p, max(block_sizes)) if ceiling else None for p in prompts]
-        for kind, block_size in ([("plain", None)] + [("DFlash", b) for b in block_sizes]
-                                 + [(f"tree {n}", max(block_sizes)) for n in trees]
-                                 + [("oracle", b) for b in block_sizes if ceiling]):
-            print(f"[bench] temperature {temperature:g}: {kind}, block {block_size or '-'}", file=sys.stderr)
+        for kind, block_size, policy in ([("plain", None, "greedy")]
+                                         + [("DFlash", b, policy) for b in block_sizes
+                                            for policy in (["greedy"] if sampling.greedy else policies)]
+                                         + [(f"tree {n}", max(block_sizes), "greedy") for n in trees]
+                                         + [("oracle", b, "greedy") for b in block_sizes if ceiling]):
+            print(f"[bench] {sampling}: {kind}, block {block_size or '-'}, {policy} drafts", file=sys.stderr)
             # A short, unmeasured call pays for allocations, kernel selection, compiling, recording CUDA graphs.
-            loops.run(kind, block_size, prompts[0], temperature, min(loops.max_new_tokens, 4 * max(block_sizes)))
-            runs = [loops.measure(kind, block_size, p, temperature, truth) for p, truth in zip(prompts, truths)]
-            baselines.setdefault(temperature, runs)  # the plain loop's, measured first
-            rows.append(Row(kind, temperature, block_size, runs, baselines[temperature]))
+            loops.run(kind, block_size, prompts[0], sampling, min(loops.max_new_tokens, 4 * max(block_sizes)),
+                      policy=policy)
+            runs = [loops.measure(kind, block_size, p, sampling, truth, policy) for p, truth in zip(prompts, truths)]
+            baselines.setdefault(sampling, runs)  # the plain loop's, measured first
+            rows.append(Row(kind, sampling.temperature, block_size, runs, baselines[sampling], policy,
+                            filters_label(sampling)))
     return baselines, rows
 
 
@@ -294,7 +310,8 @@ def row_report(row: Row, prompts: Sequence[BenchPrompt], oracle: list[Run] | Non
             "baseline_distinct_4gram_ratio": distinct_ngram_ratio(slow.new_ids)})
         if oracle is not None:
             per_prompt[-1]["oracle_tau"] = oracle[i].result.mean_acceptance  # its speedup: the oracle row's
-    return {"kind": row.kind, "block_size": row.block_size, "temperature": row.temperature,
+    return {"kind": row.kind, "block_size": row.block_size, "temperature": row.temperature, "policy": row.policy,
+            "filters": row.filters,
             **summarize_row(row.runs, row.baseline, row.temperature, row.block_size), "per_prompt": per_prompt}
 
 
@@ -304,10 +321,11 @@ def build_report(conditions: dict, prompts: Sequence[BenchPrompt], rows: Sequenc
     oracles = {row.block_size: row.runs for row in rows if row.kind == "oracle"}
     reports = [row_report(row, prompts, oracles.get(row.block_size) if row.kind == "DFlash" and row.temperature == 0
                           else None) for row in rows]
-    chains = {(r["block_size"], r["temperature"]): r for r in reports if r["kind"] == "DFlash"}
+    chains = {(r["block_size"], r["temperature"], r["filters"]): r for r in reports
+              if r["kind"] == "DFlash" and r["policy"] == "greedy"}
     for tree in (r for r in reports if r["kind"].startswith("tree ")):
         for half in ("all", "non_degenerate"):  # an empty half has no figures: every ratio is None
-            mine, chain = tree[half], chains[tree["block_size"], tree["temperature"]][half]
+            mine, chain = tree[half], chains[tree["block_size"], tree["temperature"], tree["filters"]][half]
             mine["versus_chain"] = {
                 "tau": ratio(mine.get("tau"), chain.get("tau")),
                 "step_cost": ratio(step_ms(mine.get("per_step_ms", {})), step_ms(chain.get("per_step_ms", {}))),
@@ -319,8 +337,8 @@ def build_report(conditions: dict, prompts: Sequence[BenchPrompt], rows: Sequenc
 
 def print_report(report: dict) -> None:
     """Every loop over all prompts, then the non-degenerate ones if any was left out; acceptance, memory, peer."""
-    rows = sorted(report["baselines"] + report["rows"], key=lambda row: row["temperature"])  # plain first at each
-    columns = [("temp", "g"), ("block", "d"), ("loop", "s"), ("same", "d"), ("prompts", "d"), ("tau", ".2f"),
+    rows = sorted(report["baselines"] + report["rows"], key=lambda row: (row["temperature"], row["filters"]))
+    columns = [("temp", "g"), ("filters", "s"), ("block", "d"), ("loop", "s"), ("same", "d"), ("prompts", "d"), ("tau", ".2f"),
                ("tok/s", ".1f"), ("speedup", ".2fx"), ("ideal", ".2fx"), ("efficiency", ".2f"), ("correct", ".0%")]
     columns += [(name, ".2f") for name in ("1st ms", "token ms", "draft", "verify", "decode", "rest", "step")]
     for half in ("all", "non_degenerate"):
@@ -330,14 +348,16 @@ def print_report(report: dict) -> None:
                 figures, steps = r[half], r[half].get("per_step_ms", {})
                 kept = [p for p in r["per_prompt"] if half == "all" or not p["degenerate"]]
                 same = sum(p["identical_to_baseline"] for p in kept) if r["temperature"] == 0 else None
-                lines.append([r["temperature"], r["block_size"], r["kind"], same, *map(figures.get, SUMMARY),
+                loop = r["kind"] if r["policy"] == "greedy" else f"{r['kind']} {r['policy']}"
+                lines.append([r["temperature"], r["filters"], r["block_size"], loop, same, *map(figures.get, SUMMARY),
                               *map(steps.get, ("draft", "verify", "decode", "accept_and_bookkeeping")), step_ms(steps)])
             print_table(f"{half.replace('_', '-')} prompts (same: greedy output as the plain loop's; correct: the "
                         "last number is the answer;\nms: to the 1st token, per token after it, per step: draft, "
                         "verify, decode, the rest (accepting, bookkeeping), in all)", columns, lines)
     for row in report["rows"]:  # how often draft slot k was kept, given slot k-1 was
         rates = " ".join("-" if r is None else f"{r:.2f}" for r in row["all"]["per_position_acceptance"])
-        print(f"acceptance per slot, {row['kind']}, block {row['block_size']}, T={row['temperature']:g}: {rates}")
+        print(f"acceptance per slot, {row['kind']} ({row['policy']} drafts), block {row['block_size']}, "
+              f"T={row['temperature']:g} {row['filters']}: {rates}")
     memory = report["peak_memory"]
     print(f"\npeak memory: {(memory['bytes'] or float('nan')) / 2**20:.0f} MiB ({memory['what']}, the whole process)")
     if (peer := report["peer"]) is not None:
@@ -361,7 +381,8 @@ def write_plots(folder: Path, report: dict) -> list[Path]:
         for row in report["rows"]:
             ys = [float("nan") if y is None else y for y in values(row)]
             axes.plot(range(1, len(ys) + 1), ys, marker="o",
-                      label=f"{row['kind']}, B={row['block_size']}, T={row['temperature']:g}")
+                      label=f"{row['kind']} {row['policy']}, B={row['block_size']}, T={row['temperature']:g} "
+                            f"{row['filters']}")
         axes.set(xlabel=xlabel, ylabel=ylabel, title=f"{ylabel} (all prompts)")
         axes.legend(fontsize=7)
         figure.savefig(folder / f"{name}.png", dpi=100, bbox_inches="tight")
@@ -384,6 +405,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--block-sizes", type=int, nargs="+", default=None, help="default: the drafter's")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0])
     p.add_argument("--trees", type=int, nargs="+", default=[], metavar="N", help="also draft trees of N nodes")
+    p.add_argument("--draft-policy", nargs="+", default=["greedy"], metavar="greedy|sampled|mixed:K",
+                   help="above temperature 0, the draft policies to compare (generate.py's --draft-policy)")
+    p.add_argument("--filters", nargs="+", choices=["none", "config"], default=["none"],
+                   help="above temperature 0: the bare softmax, and/or the top-k/top-p of generation_config.json")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     add_device_options(p)
@@ -414,6 +439,11 @@ def run(args) -> int:
                                                                 args.token_healing), prompt.answer)
                for prompt in read_prompts(args.prompts)]
     block_sizes = args.block_sizes or [drafter.config.block_size]
+    for policy in args.draft_policy:  # a bad policy is refused before anything runs
+        sampled_slots(policy, min(block_sizes), Sampling(max(args.temperatures)) if policy != "greedy" else Sampling())
+    config = read_json(args.model / "generation_config.json", UsageError) if "config" in args.filters else {}
+    filter_sets = [{} if f == "none" else dict(top_k=config.get("top_k") or 0, top_p=config.get("top_p", 1.0),
+                                               min_p=config.get("min_p") or 0.0) for f in args.filters]
     compile = device.type == "cuda" if args.compile is None else args.compile
     loops = Loops(target, drafter, stop_token_ids(args.model, tokenizer), args.seed, args.max_new_tokens,
                   max_length=max(len(p.ids) for p in prompts) + args.max_new_tokens + 2 * max(block_sizes),
@@ -428,11 +458,12 @@ def run(args) -> int:
                   "prompts_file": str(args.prompts), "prompts": len(prompts), "block_sizes": block_sizes,
                   "healed_prompts": sum(p.first_token_choices is not None for p in prompts)}
     print("conditions:\n" + "\n".join(f"  {key.replace('_', ' ')}: {value}" for key, value in conditions.items()))
-    baselines, rows = benchmark(loops, prompts, block_sizes, args.temperatures, args.oracle, args.trees)
+    baselines, rows = benchmark(loops, prompts, block_sizes, args.temperatures, args.oracle, args.trees,
+                                args.draft_policy, filter_sets)
     memory = {"what": "torch.cuda.max_memory_allocated" if device.type == "cuda" else "RSS high-water mark (VmHWM)",
               "bytes": peak_memory(device)}  # before the peer loads a second copy of the target
     peer = time_transformers(args.model, prompts, args.max_new_tokens, loops.stop_ids, device, dtype,
-                             baselines[0.0]) if args.peer else None
+                             baselines[Sampling()]) if args.peer else None
     report = build_report(conditions, prompts, rows, memory, peer)
     print_report(report)
     if args.json:

@@ -14,6 +14,7 @@ from generate import acceptance_histogram, per_position_acceptance
 from bench import (BenchPrompt, Loops, Run, distinct_ngram_ratio, efficiency, ideal_speedup,
                    is_degenerate, loop_figures, summarize_row)
 from dflash.cli import UsageError
+from dflash.sampling import Sampling
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
 from generate import Generation, ModelRunner
@@ -130,7 +131,7 @@ def test_the_oracle_accepts_every_block_whole(loops):
     prompts = [BenchPrompt(f"prompt {i}", ids) for i, ids in enumerate(PROMPTS)]
     baselines, rows = bench.benchmark(loops, prompts, [8], [0.0], oracle=True)
     oracle = next(row for row in rows if row.kind == "oracle")
-    for run, plain in zip(oracle.runs, baselines[0.0]):
+    for run, plain in zip(oracle.runs, baselines[Sampling()]):
         for result in (run.result, run.timed):
             assert result.acceptance_lengths == [8, 8, 8]
             assert result.new_ids == plain.result.new_ids  # the oracle's drafts are the target's own tokens
@@ -235,3 +236,26 @@ def test_random_weights_are_small_with_unit_norms():
 def test_a_table_right_aligns_ratios_and_missing_values(capsys):
     bench_common.print_table("title", [("a", "s"), ("ratio", ".2fx")], [["x", 1.234], ["yy", None]])
     assert capsys.readouterr().out == "\ntitle\n   a ratio\n   x 1.23x\n  yy     -\n"
+
+
+def test_draft_policies_and_filters_are_compared_against_a_plain_loop_sampling_alike(tmp_path):
+    """One run on the demo pair: each policy and filter set (the checkpoint's top-k 20, top-p 0.8) gets its row."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt_ids": [1, 2, 3 + i]}) + "\n" for i in range(2)))
+    report = tmp_path / "report.json"
+    code = bench.main(["--prompts", str(prompts), "--block-sizes", "4", "--temperatures", "0", "1.0",
+                       "--draft-policy", "greedy", "sampled", "mixed:2", "--filters", "none", "config",
+                       "--max-new-tokens", "8", "--no-oracle", "--json", str(report)])
+    assert code == 0
+    rows, baselines = (json.loads(report.read_text())[key] for key in ("rows", "baselines"))
+    sampled_rows = {(r["policy"], r["filters"]) for r in rows if r["temperature"] == 1.0}
+    assert sampled_rows == {(p, f) for p in ("greedy", "sampled", "mixed:2") for f in ("", "k20 p0.8")}  # the demo's
+    assert {(b["temperature"], b["filters"]) for b in baselines} == {(0, ""), (1.0, ""), (1.0, "k20 p0.8")}
+    assert [r["policy"] for r in rows if r["temperature"] == 0] == ["greedy"]  # greedy has one policy
+
+
+def test_a_policy_that_samples_is_refused_at_temperature_zero(capsys):
+    code = bench.main(["--model", str(FIXTURES / "qwen3-tiny-sharded"), "--draft", str(FIXTURES / "dflash-tiny"),
+                       "--temperatures", "0", "--draft-policy", "sampled"])
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ")
