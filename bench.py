@@ -27,13 +27,13 @@ from typing import Callable, Sequence
 import torch
 
 from bench_common import peak_memory, print_table
-from dflash.cli import (PROMPT_FORMAT, OneLineErrors, UsageError, add_device_options, add_prompt_options,
-                        encode_for_generation, find_tokenizer, pick_device, pick_dtype, read_prompts, run_cli,
-                        stop_token_ids)
 from dflash.checkpoint import read_json
+from dflash.cli import OneLineErrors, UsageError, add_device_options, pick_device, pick_dtype, run_cli
 from dflash.drafter import Drafter
+from dflash.prompts import PROMPT_FORMAT, add_prompt_options, encode_for_generation, read_prompts
 from dflash.qwen3 import Qwen3
 from dflash.sampling import Sampling, sampled_slots
+from dflash.tokenizer import find_tokenizer, stop_token_ids
 from generate import (WEIGHTS, Generation, ModelRunner, generate_autoregressive, generate_dflash,
                       generate_dflash_tree, keep_only, per_position_acceptance, synchronize)
 

@@ -26,14 +26,14 @@ from typing import Callable, Sequence
 
 import torch
 
-from dflash.cli import (OneLineErrors, Prompt, UsageError, add_device_options, add_prompt_options,
-                        encode_for_generation, find_tokenizer, int_list, pick_device, pick_dtype, run_cli,
-                        stop_token_ids)
+from dflash.cli import OneLineErrors, UsageError, add_device_options, int_list, pick_device, pick_dtype, run_cli
 from dflash.drafter import Drafter
+from dflash.flex_reads import FilledBlocksCache
+from dflash.prompts import Prompt, add_prompt_options, encode_for_generation
+from dflash.qwen3 import KVCache, Qwen3
 from dflash.sampling import (GREEDY, Sampling, add_sampling_options, argmax, as_sampling, draw, keep_only,  # noqa: F401
                              sample, sampled_slots, sampling_of, verdicts)
-from dflash.flex_reads import FilledBlocksCache
-from dflash.qwen3 import KVCache, Qwen3
+from dflash.tokenizer import find_tokenizer, stop_token_ids
 from dflash.tree import DraftTree, build_tree, path_slots, verify_inputs, walk
 
 WEIGHTS = Path(__file__).parent / "weights"

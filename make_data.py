@@ -24,11 +24,12 @@ from typing import Sequence, TextIO
 import torch
 from tqdm import tqdm
 
-from dflash.cli import (PROMPT_FORMAT, OneLineErrors, UsageError, add_device_options, add_prompt_options,
-                        check_token_ids, encode_for_generation, find_tokenizer, jsonl_records, pick_device, pick_dtype,
-                        read_prompts, run_cli, stop_token_ids)
+from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_token_ids, jsonl_records, pick_device,
+                        pick_dtype, run_cli)
+from dflash.prompts import PROMPT_FORMAT, add_prompt_options, encode_for_generation, read_prompts
 from dflash.qwen3 import Qwen3
 from dflash.sampling import Sampling, add_sampling_options, keep_only, sample, sampling_of
+from dflash.tokenizer import find_tokenizer, stop_token_ids
 
 
 def encode_prompts(path: Path, tokenizer, chat: bool | None, thinking: bool, token_healing: bool,

@@ -30,9 +30,9 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from dflash.cli import (PROMPT_FORMAT, OneLineErrors, UsageError, add_device_options, int_list, jsonl_records,
-                        pick_dtype, run_cli)
+from dflash.cli import OneLineErrors, UsageError, add_device_options, int_list, jsonl_records, pick_dtype, run_cli
 from dflash.drafter import Drafter, DrafterConfig, check_fits, default_target_layer_ids
+from dflash.prompts import PROMPT_FORMAT
 from dflash.qwen3 import Qwen3, Qwen3Config
 from dflash.tokenizer import find_tokenizer, stop_token_ids
 from dflash.train_kernels import AnchoredBlocks, chunked_lm_head_loss

@@ -11,7 +11,6 @@ reuses the building blocks and the cache.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
 from typing import Sequence
 
 import torch

@@ -119,7 +119,7 @@ def test_only_the_projects_errors_become_one_line_a_bug_keeps_its_traceback():
 def test_the_prompt_file_format(tmp_path):
     """One format: JSONL objects with exactly one of "prompt", "messages", "prompt_ids"; "answer" kept as text,
     other fields ignored, blank lines skipped but counted in "file:line"."""
-    from dflash.cli import Prompt, read_prompts
+    from dflash.prompts import Prompt, read_prompts
 
     turn = [{"role": "user", "content": "2 + 2?"}]
     path = tmp_path / "prompts.jsonl"
@@ -142,7 +142,8 @@ def test_the_prompt_file_format(tmp_path):
     ('{"prompt": "a",', "not valid JSON"),
 ])
 def test_a_bad_prompt_line_is_one_error_naming_file_and_line(tmp_path, content, message):
-    from dflash.cli import UsageError, read_prompts
+    from dflash.cli import UsageError
+    from dflash.prompts import read_prompts
 
     path = tmp_path / "prompts.jsonl"
     path.write_text('{"prompt": "fine"}\n' + content + "\n")
@@ -153,7 +154,8 @@ def test_a_bad_prompt_line_is_one_error_naming_file_and_line(tmp_path, content, 
 
 
 def test_an_empty_or_missing_prompt_file_is_one_error(tmp_path):
-    from dflash.cli import UsageError, read_prompts
+    from dflash.cli import UsageError
+    from dflash.prompts import read_prompts
 
     (tmp_path / "empty.jsonl").write_text("\n\n")
     with pytest.raises(UsageError, match="no prompts"):

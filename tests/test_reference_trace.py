@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash.cli import encode_for_generation, find_tokenizer, read_prompts
 from dflash.drafter import Drafter
+from dflash.prompts import encode_for_generation, read_prompts
 from dflash.qwen3 import Qwen3
+from dflash.tokenizer import find_tokenizer
 from generate import generate_dflash
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dflash.cli import Prompt, encode_for_generation
 from dflash.drafter import Drafter
+from dflash.prompts import Prompt, encode_for_generation
 from dflash.qwen3 import Qwen3
 from dflash.tokenizer import load_tokenizer
 from generate import generate_autoregressive, generate_dflash

@@ -19,8 +19,9 @@ from safetensors.torch import load_file
 import generate
 import make_data
 import train
-from dflash.cli import Prompt, UsageError, encode_for_generation, encode_prompt, read_prompts
+from dflash.cli import UsageError
 from dflash.drafter import Drafter, DrafterConfig
+from dflash.prompts import Prompt, encode_for_generation, encode_prompt, read_prompts
 from dflash.qwen3 import Qwen3, Qwen3Config
 from dflash.tokenizer import load_tokenizer
 from dflash.train_kernels import AnchoredBlocks

@@ -1,0 +1,99 @@
+"""Prompt files and how a prompt becomes token ids, alike in every program.
+
+One format, one reader: a drafter trained on prompts rendered one way meets, at
+inference, whatever the programs render, so generation, benchmarking and making
+the drafter's data all go through `encode_for_generation`.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+
+from dflash.cli import UsageError, jsonl_records
+from dflash.tokenizer import Tokenizer
+
+
+PROMPT_FORMAT = """\
+prompt files are JSONL: one object per line, with exactly one of
+  {"prompt": "text"}                                  raw text
+  {"messages": [{"role": "user", "content": "..."}]}  a conversation, rendered by the chat template
+  {"prompt_ids": [1, 2, 3]}                           token ids (no tokenizer needed)
+and optionally "answer", the expected final answer (bench.py checks it); other fields are ignored"""
+
+# A prompt file's field: (the Prompt attribute it fills, the type of its value, the type of its items).
+PROMPT_FIELDS = {"prompt": ("text", str, str), "messages": ("messages", list, dict), "prompt_ids": ("ids", list, int)}
+
+
+@dataclass
+class Prompt:
+    """One prompt: exactly one of text, messages or ids is set."""
+
+    where: str  # "file:line", for error messages
+    text: str | None = None
+    messages: list[dict] | None = None
+    ids: list[int] | None = None
+    answer: str | None = None  # the expected final answer, when the file gives one (benchmarks check it)
+
+
+def parse_prompt(record, where: str) -> Prompt:
+    """One line of a prompt file, checked against PROMPT_FORMAT."""
+    given = [field for field in PROMPT_FIELDS if field in record] if isinstance(record, dict) else []
+    if len(given) != 1:
+        raise UsageError(f"{where}: expected an object with exactly one of 'prompt', 'messages' or 'prompt_ids'")
+    attribute, kind, item = PROMPT_FIELDS[given[0]]
+    value, answer = record[given[0]], record.get("answer")
+    if not (value and isinstance(value, kind) and all(isinstance(x, item) for x in value)):
+        of_items = "" if kind is str else f" of {item.__name__}"
+        raise UsageError(f"{where}: '{given[0]}' must be a non-empty {kind.__name__}{of_items}")
+    return Prompt(where, **{attribute: value}, answer=None if answer is None else str(answer))
+
+
+def read_prompts(path: Path) -> list[Prompt]:
+    """Every prompt of a prompt file, in order: the one reader of the one format."""
+    prompts = [parse_prompt(record, where) for where, record in jsonl_records(path, "prompts file")]
+    if not prompts:
+        raise UsageError(f"{path}: no prompts")
+    return prompts
+
+
+def add_prompt_options(parser: argparse.ArgumentParser) -> None:
+    """Alike everywhere: a drafter trained on prompts rendered otherwise meets a distribution it never learnt."""
+    parser.add_argument("--chat", action="store_true", default=None,
+                        help="wrap text prompts in the chat template (default: when the tokenizer has one)")
+    parser.add_argument("--raw", dest="chat", action="store_false", help="feed text prompts as they are")
+    parser.add_argument("--thinking", action="store_true", help="render chat prompts with thinking on")
+    parser.add_argument("--no-token-healing", dest="token_healing", action="store_false",
+                        help="keep a raw prompt's last token even when it ends mid-token (a trailing newline or space)")
+
+
+def encode_for_generation(prompt: Prompt, tokenizer: Tokenizer | None, chat: bool | None = None,
+                          thinking: bool = False, token_healing: bool = True) -> tuple[list[int], list[int] | None]:
+    """A prompt's ids, and the first new token's choices when token healing applies (`Tokenizer.heal`), else None.
+
+    Raw text goes through the chat template when `chat`, or by default when the tokenizer has one;
+    only text fed as it is gets healed. Thinking is off by default, as the released drafters were trained.
+    """
+    if prompt.ids is not None:
+        return list(prompt.ids), None
+    if tokenizer is None:
+        raise UsageError(f"{prompt.where}: text prompts need a tokenizer, and the checkpoint folder has none")
+    messages = prompt.messages
+    if messages is None and (tokenizer.has_chat_template if chat is None else chat):
+        messages = [{"role": "user", "content": prompt.text}]
+    while messages and messages[-1].get("role") == "assistant":
+        messages = messages[:-1]  # a dataset's own answer: the target writes its own
+    if messages is None:
+        ids = tokenizer.encode(prompt.text)
+    else:
+        ids = tokenizer.encode_chat(messages, add_generation_prompt=True, enable_thinking=thinking)
+    if not ids:
+        raise UsageError(f"{prompt.where}: the prompt is empty")
+    return tokenizer.heal(ids) if token_healing and messages is None else (ids, None)
+
+
+def encode_prompt(prompt: Prompt, tokenizer: Tokenizer | None, chat: bool | None = None,
+                  thinking: bool = False) -> list[int]:
+    """A prompt's token ids, never healed (see `encode_for_generation`)."""
+    return encode_for_generation(prompt, tokenizer, chat, thinking, token_healing=False)[0]
