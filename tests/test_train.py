@@ -654,3 +654,22 @@ def test_the_tau_evaluation_keeps_ropes_frequencies_in_float32(monkeypatch):
     rotary = seen[0].rotary
     assert seen[0].fc.weight.dtype == torch.bfloat16
     assert rotary.inv_freq.dtype == torch.float32 and torch.equal(rotary.inv_freq, rotary.inverse_frequencies())
+
+
+@pytest.mark.parametrize("extra", [["--temperature", "0.7", "--top-p", "1.5"], ["--temperature", "0.7", "--top-k", "-3"],
+                                   ["--temperature", "0.7", "--min-p", "-0.5"], ["--temperature", "-1"]])
+def test_make_data_refuses_bad_sampling_options_in_one_line(tmp_path, capsys, extra):
+    write_prompts(tmp_path / "prompts.jsonl", 2, seed=0)
+    argv = make_data_argv(tmp_path / "prompts.jsonl", tmp_path / "data.jsonl", *extra)
+    assert "must be" in one_error_line(capsys, argv, make_data.main)
+    assert not (tmp_path / "data.jsonl").exists()
+
+
+def test_make_data_runs_with_the_checkpoints_sampling(tmp_path):
+    """--sample-from-config takes the demo's temperature, top-k and top-p (the law itself: test_sampling.py)."""
+    path = tmp_path / "prompts.jsonl"
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "Mia has 3 apples. She buys 4 more. "
+                                                                          "How many apples are there now?"}]}) + "\n")
+    out = tmp_path / "data.jsonl"
+    assert make_data.main(make_data_argv(path, out, "--sample-from-config", target=DEMO)) == 0
+    assert json.loads(out.read_text())["loss_mask"].count(1) > 0
