@@ -33,3 +33,16 @@ def test_the_notebooks_are_found():
 def test_notebook_runs_without_error(notebook):
     executed = load_execute().run_notebook(notebook, timeout=600)  # raises CellExecutionError on any error
     assert any(cell.get("outputs") for cell in executed.cells if cell.cell_type == "code")
+
+
+SOLUTIONS = sorted((TUTORIALS / "solutions").glob("*.py"))
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=[path.stem for path in SOLUTIONS])
+def test_exercise_solution_runs_and_passes_its_checks(solution):
+    """Each solution script checks itself (asserts); it runs from tutorials/, as the notebooks do."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, str(solution)], cwd=TUTORIALS, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
