@@ -16,6 +16,7 @@ import torch
 
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
+from dflash.sampling import Sampling
 from generate import ModelRunner, generate_autoregressive, generate_dflash
 from tests.test_compile import CountingBackend
 from tests.test_generate import prompt_of, random_drafter
@@ -92,4 +93,24 @@ def test_greedy_dflash_equals_the_plain_loop_under_the_rule(pairs, pair_name, bl
         assert spoiled.acceptance_lengths == eager.acceptance_lengths
         assert generate_autoregressive(target, prompt, new, runner=runner).new_ids == expected
     assert rule.calls > 10  # the compiled passes did run, and spoiled what they had returned before
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("policy", ["greedy", "sampled", "mixed:3"])
+def test_sampling_with_every_draft_policy_is_unchanged_under_the_rule(pairs, policy):
+    """The same seed gives the same sampled output eagerly and under the rule: the drafter's q (kept for the
+    verdicts) and the target's logits are consumed before a later pass can spoil them."""
+    torch._dynamo.reset()
+    target, drafter = pairs["demo"]
+    new, block_size = 24, 16
+    sampling = Sampling(1.0, top_k=20, top_p=0.8)
+    runner, rule = runner_under_the_rule(target, drafter, 31 + new + block_size, block_size)
+    for prompt_length in (6, 31):
+        prompt = prompt_of(prompt_length, target.config.vocab_size)
+        outputs = [generate_dflash(target, drafter, prompt, new, sampling=sampling, draft_policy=policy,
+                                   generator=torch.Generator().manual_seed(7), runner=chosen)
+                   for chosen in (None, runner)]
+        assert outputs[0].new_ids == outputs[1].new_ids
+        assert outputs[0].acceptance_lengths == outputs[1].acceptance_lengths
+    assert rule.calls > 10
     torch._dynamo.reset()
