@@ -197,8 +197,8 @@ class ModelRunner:
         self.mask_token_id = drafter.config.mask_token_id if drafter is not None else 0
         device, width, nodes = weight.device, len(self.layer_ids) * target.config.hidden_size, tree_budget + 1
         zeros = functools.partial(torch.zeros, device=device)
-        self.block_offsets, self.node_offsets = torch.arange(self.block_size, device=device), torch.arange(nodes,
-                                                                                                          device=device)
+        self.block_offsets = torch.arange(self.block_size, device=device)  # a block's positions, from 0
+        self.node_offsets = torch.arange(nodes, device=device)  # a tree's cache slots, from 0
         self.token_ids = zeros(1, 1, dtype=torch.long)  # decode's input
         self.block_ids = zeros(1, self.block_size, dtype=torch.long)  # [last, drafts]
         self.target_tokens = zeros(self.block_size, dtype=torch.long)  # what the last verify committed per slot
@@ -566,14 +566,14 @@ def run(args) -> int:
     use_draft = not args.no_draft or args.compare
     drafter = Drafter.from_pretrained(args.draft, target=target, device=device, dtype=dtype) if use_draft else None
     tokenizer = find_tokenizer(args.model)
-    prompt = Prompt("--prompt", text=args.prompt) if args.prompt_ids is None else Prompt("--prompt-ids",
-                                                                                          ids=args.prompt_ids)
+    given = dict(text=args.prompt) if args.prompt_ids is None else dict(ids=args.prompt_ids)
+    prompt = Prompt("--prompt" if args.prompt_ids is None else "--prompt-ids", **given)
     prompt_ids, choices = encode_for_generation(prompt, tokenizer, args.chat, args.thinking, args.token_healing)
     block_size = (args.block_size or drafter.config.block_size) if drafter is not None else 1
     sampled_slots(args.draft_policy, block_size, sampling)  # a bad policy is refused before any work
     compile = device.type == "cuda" if args.compile is None else args.compile
-    runner = ModelRunner(target, drafter, max_length=len(prompt_ids) + args.max_new_tokens + max(block_size,
-                                                                                                args.tree + 1),
+    chunk = max(block_size, args.tree + 1)  # what the last step may write past the output
+    runner = ModelRunner(target, drafter, max_length=len(prompt_ids) + args.max_new_tokens + chunk,
                          block_size=block_size, tree_budget=args.tree, compile=compile,
                          mode="reduce-overhead" if device.type == "cuda" else None, flex_attention=args.flex_attention)
     options = dict(sampling=sampling, stop_ids=stop_token_ids(args.model, tokenizer), runner=runner,
