@@ -163,8 +163,9 @@ def drafter_loss(target: Qwen3, drafter: nn.Module, input_ids: torch.Tensor, los
 def estimated_tau(correct: torch.Tensor, counted: torch.Tensor) -> float:
     """A cheap stand-in for tau: 1 + sum_k prod_{i<=k} acc_i over slots 1..B-1.
 
-    It multiplies unconditional accuracies as if hits were independent; they are positively
-    correlated (an easy stretch is easy throughout), so it tends to underestimate.
+    It multiplies unconditional accuracies as if hits were independent, so it is a trend, not a
+    tau: a slot's hits count even after an earlier miss, real blocks start right after a miss, and
+    training answers flatter it. On the demo pair it overestimates (tutorial 04, section 7).
     """
     accuracy = correct[1:] / counted[1:].clamp(min=1)
     return 1.0 + torch.cumprod(accuracy, dim=0).sum().item()
