@@ -3,28 +3,14 @@
 Run from tutorials/: python solutions/02_tau_past_the_end.py
 """
 
-import json
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path.cwd().parent))  # the repository root, as the notebooks do
-
 import torch
 
-from dflash.drafter import Drafter
-from dflash.qwen3 import Qwen3
-from dflash.tokenizer import load_tokenizer
+from _demo_pair import block, drafter, heldout_prompts, target, tokenizer
 from generate import generate_dflash
 
-torch.set_grad_enabled(False)
-torch.set_num_threads(1)  # tiny models: one thread is as fast, and far steadier on a busy shared machine
-ROOT = Path.cwd().parent
-target = Qwen3.from_pretrained(ROOT / "weights/tiny-qwen3")
-drafter = Drafter.from_pretrained(ROOT / "weights/tiny-qwen3-dflash", target=target)
-tokenizer = load_tokenizer(ROOT / "weights/tiny-qwen3")
-block = drafter.config.block_size
-record = json.loads((ROOT / "weights/heldout_problems.jsonl").read_text().splitlines()[0])
-prompt_ids = tokenizer.encode_chat(record["messages"])
+torch.set_grad_enabled(False)  # inference only
+
+prompt_ids = heldout_prompts(1)[0]
 
 
 def past_the_end(prompt_ids, limits):

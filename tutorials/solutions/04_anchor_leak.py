@@ -10,9 +10,7 @@ import contextlib
 import functools
 import io
 import json
-import random
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path.cwd().parent  # run from tutorials/, as the notebooks are
@@ -21,16 +19,12 @@ sys.path.insert(0, str(ROOT / "recipes" / "word_problems"))
 
 import torch
 
-import make_data
 import train
-from build_corpus import is_heldout
 from dflash.drafter import Drafter
-from dflash.prompts import encode_for_generation, read_prompts
 from dflash.qwen3 import Qwen3
-from dflash.tokenizer import load_tokenizer
 from dflash.train_kernels import AnchoredBlocks
 from generate import generate_dflash
-from problems import make_problem
+from _demo_pair import notebook4_data, tokenizer
 
 WEIGHTS, BLOCK = ROOT / "weights", 8
 
@@ -55,19 +49,8 @@ assert added[0, 0, 4:].nonzero()[:, 1].unique().tolist() == [8]
 # Notebook 4's data: the target's answers to 64 questions from the training side of the split.
 torch.manual_seed(0)
 target = train.freeze(Qwen3.from_pretrained(WEIGHTS / "tiny-qwen3"))
-tokenizer = load_tokenizer(WEIGHTS / "tiny-qwen3")
-rng, questions = random.Random(0), {}
-while len(questions) < 64:
-    problem = make_problem(rng)
-    if not is_heldout(problem):
-        questions.setdefault(problem.question, problem)
-work = Path(tempfile.mkdtemp())
-prompt_file, data = work / "train_prompts.jsonl", work / "data.jsonl"
-prompt_file.write_text("".join(json.dumps({"messages": [{"role": "user", "content": q}]}) + "\n" for q in questions))
-with contextlib.redirect_stderr(io.StringIO()):
-    assert make_data.main(["--target", str(WEIGHTS / "tiny-qwen3"), "--prompts", str(prompt_file), "--out", str(data),
-                           "--max-new-tokens", "64", "--batch-size", "64", "--device", "cpu"]) == 0
-heldout = [encode_for_generation(p, tokenizer) for p in read_prompts(WEIGHTS / "heldout_problems.jsonl")[:12]]
+data, heldout = notebook4_data()
+work = data.parent  # each run writes its folder beside the data
 
 
 def short_run(name, pattern=None):
