@@ -1,16 +1,12 @@
 """Let a Qwen3 target answer prompts: the training data of a DFlash drafter.
 
-A drafter is only useful if it guesses what *this target* will say, so it learns from the
-target's own answers, to prompts rendered as `generate.py` renders them (chat template,
-thinking off, raw text token-healed). The output is JSONL, as `train.py --data` reads it:
+A drafter is only useful if it guesses what *this target* will say, so it learns from the target's own
+answers, to prompts rendered as `generate.py` renders them. The output is JSONL, as `train.py --data` reads it:
 
     {"index": 7, "input_ids": [151644, 872, ..., 151645], "loss_mask": [0, 0, ..., 1, 1]}
 
-- `index`: the prompt's place in the prompt file (0-based); it makes the file resumable:
-  answered prompts are skipped, and a half-written last line (a crash) is cut off first.
-- `input_ids`: the (healed) prompt, then the answer, with its stop token when it stopped.
-  A prompt too long for the target's context keeps its last tokens.
-- `loss_mask`: 0 on the prompt, 1 on the answer: the drafter learns to draft answers only.
+`index` (the prompt's place in the prompt file) makes the file resumable; `input_ids` is the prompt (its
+last tokens, if too long for the context) then the answer; `loss_mask` is 1 on the answer only.
 """
 
 from __future__ import annotations
@@ -43,19 +39,15 @@ def encode_prompts(path: Path, tokenizer, chat: bool | None, thinking: bool, tok
     return prompts
 
 
-# ----------------------------------------------------------------- answering a batch
-
-
 @torch.no_grad()
 def generate_batch(target: Qwen3, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling | float,
                    stop_ids: Sequence[int], generator: torch.Generator | None,
                    first_token_choices: Sequence[list[int] | None] | None = None) -> list[list[int]]:
     """Let the target answer several prompts at once; return each answer (cut after its stop token).
 
-    Left padding puts every row's next token at the same position, so one static cache
-    serves the batch; `key_padding` hides the padding, and RoPE sees only position
-    differences, so each row computes what it would alone. `first_token_choices[row]`
-    restricts that row's first new token (token healing), as `generate.py` does.
+    Left padding puts every row's next token at the same position, so one static cache serves the batch;
+    `key_padding` hides the padding and RoPE sees only position differences, so each row computes what it
+    would alone. `first_token_choices[row]` restricts that row's first new token (token healing).
     """
     device = target.embed_tokens.weight.device
     batch, longest = len(prompts), max(len(p) for p in prompts)
@@ -90,9 +82,6 @@ def generate_batch(target: Qwen3, prompts: list[list[int]], max_new_tokens: int,
     return answers
 
 
-# ------------------------------------------------------------- the resumable output
-
-
 def done_indices(path: Path) -> set[int]:
     """The indices of the prompts `path` already answers. Only reads: the file is left as it is."""
     if not path.exists():
@@ -113,15 +102,6 @@ def open_for_append(path: Path) -> TextIO:
         with open(path, "rb+") as file:
             file.truncate(file.read().rfind(b"\n") + 1)
     return open(path, "a", encoding="utf-8")
-
-
-def record(index: int, prompt: list[int], answer: list[int]) -> str:
-    """One line of the output (see the format at the top of this file)."""
-    return json.dumps({"index": index, "input_ids": prompt + answer,
-                       "loss_mask": [0] * len(prompt) + [1] * len(answer)}) + "\n"
-
-
-# ------------------------------------------------------------------- the program
 
 
 def make_data(args: argparse.Namespace) -> int:
@@ -153,7 +133,9 @@ def make_data(args: argparse.Namespace) -> int:
             indices = pending[start:start + args.batch_size]
             batch, choices = [prompts[i][0] for i in indices], [prompts[i][1] for i in indices]
             answers = generate_batch(target, batch, args.max_new_tokens, sampling, stop_ids, generator, choices)
-            out.writelines(record(i, prompt, answer) for i, prompt, answer in zip(indices, batch, answers))
+            for i, prompt, answer in zip(indices, batch, answers):  # the format at the top of this file
+                out.write(json.dumps({"index": i, "input_ids": prompt + answer,
+                                      "loss_mask": [0] * len(prompt) + [1] * len(answer)}) + "\n")
             out.flush()  # a crash loses at most the batch being written
             bar.update(len(indices))
     return 0

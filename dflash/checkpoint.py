@@ -1,9 +1,7 @@
 """Checkpoints in the official layouts (safetensors, `config.json`), in and out, for any `nn.Module`.
 
-Each model names only which official tensor fills which parameter; this file checks
-every name and shape, memory-maps the tensors into a model built on the `meta` device
-(an 8B model never exists twice in memory; nothing is unpickled), and writes through a
-rename, so a crash never leaves half a checkpoint. Every failure is one line naming the file.
+Tensors are memory-mapped, never unpickled, into a model built on the `meta` device, so an 8B model never
+exists twice in memory; writes go through a rename, so a crash never leaves half a checkpoint.
 """
 
 from __future__ import annotations
@@ -15,14 +13,13 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 from torch import nn
 
 
 class CheckpointError(ValueError):
     """A checkpoint this code cannot load. The message is one line a CLI can print."""
-
-
-# ------------------------------------------------------------------ JSON and configs
 
 
 def read_text(path: Path, error: type[Exception] = CheckpointError, what: str = "file") -> str:
@@ -49,10 +46,8 @@ def read_json(path: Path, error: type[Exception] = CheckpointError):
 
 
 def qwen3_fields(raw: dict, source: str, names: list[str]) -> dict:
-    """The fields `names` of a Qwen3 `config.json`, checked, with the defaults it implies.
-
-    A field whose meaning is not implemented is refused by name, never silently ignored.
-    """
+    """The fields `names` of a Qwen3 `config.json` with the defaults it implies; a field whose meaning
+    is not implemented is refused by name, never silently ignored."""
     if not isinstance(raw, dict):
         raise CheckpointError(f"{source}: expected a JSON object, got {type(raw).__name__}")
     if raw.get("model_type", "qwen3") != "qwen3":
@@ -86,9 +81,6 @@ def qwen3_fields(raw: dict, source: str, names: list[str]) -> dict:
     return values
 
 
-# ---------------------------------------------------------------------------- reading
-
-
 def checkpoint_files(folder: Path) -> dict[str, Path]:
     """Which safetensors file holds each tensor: read the shard index, or the single file."""
     index, single = folder / "model.safetensors.index.json", folder / "model.safetensors"
@@ -109,8 +101,6 @@ def checkpoint_files(folder: Path) -> dict[str, Path]:
 
 def open_safetensors(file: Path):
     """A lazy handle on one safetensors file: tensors are memory-mapped when read."""
-    from safetensors import safe_open
-
     try:
         return safe_open(str(file), framework="pt", device="cpu")
     except Exception as err:  # safetensors raises its own error types for corrupt headers
@@ -119,10 +109,8 @@ def open_safetensors(file: Path):
 
 def load_into(model: nn.Module, folder: Path, name_map: dict[str, str], device, dtype: torch.dtype,
               skip: frozenset[str] = frozenset()) -> None:
-    """Fill a `meta`-device `model` tensor by tensor; `name_map`: official name -> parameter it fills.
-
-    `skip` names tensors stored but unused; any other unknown, missing or misshapen tensor stops the load.
-    """
+    """Fill a `meta`-device `model` tensor by tensor; `name_map`: official name -> parameter it fills. `skip`
+    names tensors stored but unused; any other unknown, missing or misshapen tensor stops the load."""
     files = {name: file for name, file in checkpoint_files(folder).items() if name not in skip}
     unexpected = sorted(set(files) - set(name_map))
     if unexpected:
@@ -143,6 +131,7 @@ def load_into(model: nn.Module, folder: Path, name_map: dict[str, str], device, 
 
 
 def checkpoint_folder(path, what: str) -> Path:
+    """`path` as a Path, refused in one line when it is not a folder."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: not a {what} folder")
@@ -152,9 +141,7 @@ def checkpoint_folder(path, what: str) -> Path:
 def load_pretrained(cls, config, folder: Path, names: Callable[[nn.Module], dict[str, str]] | None, device,
                     dtype: torch.dtype, skip: frozenset[str] = frozenset()):
     """`cls(config)` built on the `meta` device, filled from `folder` (`names(model)`: the name map; None: ours).
-
-    RoPE's frequencies are not stored: they are recomputed in float32 on `device`.
-    """
+    RoPE's frequencies are not stored: they are recomputed in float32 on `device`."""
     with torch.device("meta"):
         model = cls(config)
     name_map = names(model) if names is not None else {name: name for name, _ in model.named_parameters()}
@@ -163,14 +150,9 @@ def load_pretrained(cls, config, folder: Path, names: Callable[[nn.Module], dict
     return model.eval()
 
 
-# ---------------------------------------------------------------------------- writing
-
-
 def save(folder, model: nn.Module, name_map: dict[str, str] | None, config: dict,
          dtype: torch.dtype | None = None) -> None:
     """Write `model.safetensors` and `config.json` (with the tensors' dtype), atomically; `name_map` None: ours."""
-    from safetensors.torch import save_file
-
     if name_map is None:
         name_map = {name: name for name, _ in model.named_parameters()}
     folder = Path(folder)

@@ -1,7 +1,5 @@
-"""What every program of this project shares: one-line errors, device and dtype, option and JSONL readers.
-
-Bad input (an argument, a file, a checkpoint that does not fit) ends a program with one
-`error: ...` line and exit status 2; anything else is a bug and keeps its traceback.
+"""What every program shares. Bad input (an argument, a file, a checkpoint that does not fit) ends a program
+with one `error: ...` line and exit status 2; anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -21,9 +19,6 @@ class UsageError(ValueError):
     """Bad input: a request, a command line or a file it names. The message is one line."""
 
 
-USER_ERRORS = (UsageError, CheckpointError, TokenizerError)  # what a user can fix; anything else is a bug
-
-
 class OneLineErrors(argparse.ArgumentParser):
     """argparse, but a bad argument is one `error:` line (no usage dump) and exit status 2."""
 
@@ -37,7 +32,7 @@ def run_cli(parser: argparse.ArgumentParser, run: Callable[..., int], argv: Sequ
     args = parser.parse_args(argv)
     try:
         return run(args)
-    except USER_ERRORS as err:
+    except (UsageError, CheckpointError, TokenizerError) as err:  # what a user can fix
         print(f"error: {err}", file=sys.stderr)
         return 2
 
@@ -50,7 +45,7 @@ def add_device_options(parser: argparse.ArgumentParser) -> None:
 
 
 def pick_device(name: str) -> torch.device:
-    """`auto` is CUDA when there is one; anything else must exist here, or it is one error line, not a traceback."""
+    """`auto` is CUDA when there is one; anything else must exist here, or it is one error line."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -86,10 +81,8 @@ def check_token_ids(ids: Sequence[int], vocab_size: int, where: str) -> None:
 
 
 def jsonl_records(path: Path, what: str, whole_lines_only: bool = False) -> Iterator[tuple[str, object]]:
-    """("file:line", parsed JSON) for every non-blank line, so that errors name the line.
-
-    `whole_lines_only` skips a last line without its newline: a record a crash cut short.
-    """
+    """("file:line", parsed JSON) for every non-blank line, so that errors name the line; `whole_lines_only`
+    skips a last line without its newline: a record a crash cut short."""
     text = read_text(path, UsageError, what)
     if whole_lines_only:
         text = text[: text.rfind("\n") + 1]

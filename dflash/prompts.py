@@ -1,8 +1,5 @@
-"""Prompt files and how a prompt becomes token ids, alike in every program.
-
-One format, one reader: a drafter trained on prompts rendered one way meets, at
-inference, whatever the programs render, so generation, benchmarking and making
-the drafter's data all go through `encode_for_generation`.
+"""Prompt files and how a prompt becomes token ids, alike in every program: a drafter trained on prompts
+rendered one way meets at inference whatever the programs render, so all go through `encode_for_generation`.
 """
 
 from __future__ import annotations
@@ -51,7 +48,7 @@ def parse_prompt(record, where: str) -> Prompt:
 
 
 def read_prompts(path: Path) -> list[Prompt]:
-    """Every prompt of a prompt file, in order: the one reader of the one format."""
+    """Every prompt of a prompt file, in order."""
     prompts = [parse_prompt(record, where) for where, record in jsonl_records(path, "prompts file")]
     if not prompts:
         raise UsageError(f"{path}: no prompts")
@@ -59,7 +56,7 @@ def read_prompts(path: Path) -> list[Prompt]:
 
 
 def add_prompt_options(parser: argparse.ArgumentParser) -> None:
-    """Alike everywhere: a drafter trained on prompts rendered otherwise meets a distribution it never learnt."""
+    """How text prompts are rendered, the same options in every program."""
     parser.add_argument("--chat", action="store_true", default=None,
                         help="wrap text prompts in the chat template (default: when the tokenizer has one)")
     parser.add_argument("--raw", dest="chat", action="store_false", help="feed text prompts as they are")
@@ -72,8 +69,7 @@ def encode_for_generation(prompt: Prompt, tokenizer: Tokenizer | None, chat: boo
                           thinking: bool = False, token_healing: bool = True) -> tuple[list[int], list[int] | None]:
     """A prompt's ids, and the first new token's choices when token healing applies (`Tokenizer.heal`), else None.
 
-    Raw text goes through the chat template when `chat`, or by default when the tokenizer has one;
-    only text fed as it is gets healed. Thinking is off by default, as the released drafters were trained.
+    Text goes through the chat template when `chat` (default: when the tokenizer has one); only raw text is healed.
     """
     if prompt.ids is not None:
         return list(prompt.ids), None
@@ -84,10 +80,8 @@ def encode_for_generation(prompt: Prompt, tokenizer: Tokenizer | None, chat: boo
         messages = [{"role": "user", "content": prompt.text}]
     while messages and messages[-1].get("role") == "assistant":
         messages = messages[:-1]  # a dataset's own answer: the target writes its own
-    if messages is None:
-        ids = tokenizer.encode(prompt.text)
-    else:
-        ids = tokenizer.encode_chat(messages, add_generation_prompt=True, enable_thinking=thinking)
+    ids = (tokenizer.encode(prompt.text) if messages is None
+           else tokenizer.encode_chat(messages, enable_thinking=thinking))
     if not ids:
         raise UsageError(f"{prompt.where}: the prompt is empty")
     return tokenizer.heal(ids) if token_healing and messages is None else (ids, None)

@@ -1,10 +1,7 @@
 """How a token is drawn from logits, and how a drafted token is judged against the target's.
 
-Greedy, or sampled as Qwen3 users sample: every official checkpoint's
-`generation_config.json` asks for a temperature with top-k and top-p, and serving
-engines add min-p. The filters cut the tempered softmax down to its likeliest tokens
-and renormalise what is left. Above temperature 0 a draft is kept by rejection
-sampling (`verdicts`), so that every committed token follows the target's law.
+Greedy, or sampled as Qwen3 users sample: every official `generation_config.json` asks for a temperature
+with top-k and top-p, and serving engines add min-p.
 """
 
 from __future__ import annotations
@@ -22,8 +19,7 @@ from dflash.cli import UsageError
 
 @dataclass(frozen=True)
 class Sampling:
-    """How a token is drawn from logits: argmax at temperature 0, else from the tempered
-    softmax cut down as Qwen3's `generation_config.json` asks (top-k, then top-p, then min-p)."""
+    """Argmax at temperature 0, else a draw from the tempered softmax cut down by top-k, then top-p, then min-p."""
 
     temperature: float = 0.0
     top_k: int = 0  # keep the k likeliest tokens (0: all)
@@ -60,36 +56,26 @@ class Sampling:
         return probs / probs.sum(dim=-1, keepdim=True)
 
 
-GREEDY = Sampling()
-
-
 def as_sampling(sampling: Sampling | float) -> Sampling:
     """A bare number is a temperature: `sample(logits, 0.7)` reads as it should."""
     return sampling if isinstance(sampling, Sampling) else Sampling(sampling)
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
-    """The index of the largest logit in each row (..., vocab) -> (...), the first one on a tie.
-
-    The same index as `logits.argmax(dim=-1)`; `max(...).indices` is faster on the CPU.
-    """
+    """`logits.argmax(dim=-1)`, the first index on a tie: (..., vocab) -> (...); `max` is faster on the CPU."""
     return logits.max(dim=-1).indices
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One token per row of probabilities (..., vocab) -> (...), by inverse-CDF sampling.
-
-    One uniform number per row, and the first token whose running sum passes it: a
-    token of probability 0 adds nothing to the sum, so it is never picked. Exact, and
-    one cumulative sum costs far less than `torch.multinomial` on the CPU.
-    """
+    """One token per row of probabilities (..., vocab) -> (...), by inverse-CDF sampling: exact (a token of
+    probability 0 adds nothing to the running sum, so is never picked) and on the CPU cheaper than multinomial."""
     running = probs.cumsum(dim=-1)  # (..., vocab)
     u = torch.rand(running.shape[:-1] + (1,), dtype=running.dtype, device=running.device, generator=generator)
     picks = torch.searchsorted(running, u * running[..., -1:], right=True)  # (..., 1): first running sum > u
     return picks.squeeze(-1).clamp_(max=probs.shape[-1] - 1)  # (...); the clamp guards a u rounded up to the sum
 
 
-def sample(logits: torch.Tensor, sampling: Sampling | float = GREEDY,
+def sample(logits: torch.Tensor, sampling: Sampling | float = 0.0,
            generator: torch.Generator | None = None) -> torch.Tensor:
     """One token per row of logits (..., vocab) -> (...). Both loops draw through here, so the
     speculative loop samples from exactly the distribution the plain loop samples from."""
@@ -104,18 +90,13 @@ def keep_only(logits: torch.Tensor, allowed: Sequence[int]) -> torch.Tensor:
     return logits + mask
 
 
-# ------------------------------------------- judging drafts at temperature > 0
-
-
 def verdicts(target_probs: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor | None,
              generator: torch.Generator | None) -> torch.Tensor:
     """The token the target commits after each slot (block,); a draft is kept where it equals it.
 
-    A greedy draft d (a one-hot proposal) is kept when the target's own draw equals it:
-    probability p(d), and a rejection commits that draw, p conditioned on "not d". A draft
-    sampled from the drafter's q (the first `len(draft_probs)` slots) is kept with
-    probability min(1, p(d)/q(d)) and otherwise replaced by a draw from max(0, p - q),
-    which never holds d. Both are rejection sampling: every committed token follows p.
+    Rejection sampling, so every committed token follows p: a greedy draft d is kept when the target's own
+    draw equals it (probability p(d)); a draft sampled from the drafter's q (the first `len(draft_probs)`
+    slots) is kept with probability min(1, p(d)/q(d)), else replaced by a draw from max(0, p - q).
     """
     tokens = draw(target_probs, generator)  # (block,): the target's own draw after every slot
     if draft_probs is None:

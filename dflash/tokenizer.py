@@ -1,9 +1,7 @@
-"""Text in, token ids out, and the Qwen3 chat template written by hand.
+"""Text in, token ids out: a checkpoint's tokenizer, its stop tokens, token healing, and Qwen3's chat template.
 
-The `tokenizers` library does the byte-level BPE of a checkpoint's `tokenizer.json`;
-this file adds what a decoding loop needs around it: loading (also compressed, so a
-test fixture holds Qwen3's 11 MB vocabulary in 1.4 MB), stop tokens, token healing, and
-the chat template, shipped as Jinja, here in plain Python to read and test line by line.
+The `tokenizers` library does the byte-level BPE; the chat template, shipped as Jinja, is
+written here in plain Python, to read and test line by line.
 """
 
 from __future__ import annotations
@@ -18,9 +16,7 @@ from tokenizers import Tokenizer as RawTokenizer
 
 from dflash.checkpoint import read_json
 
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
-END_OF_TEXT = "<|endoftext|>"
+IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 MASK = "<|mask|>"  # only in this project's demo tokenizer: the drafter's "blank" token
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
@@ -32,27 +28,12 @@ class TokenizerError(ValueError):
     """A tokenizer, or a conversation, this code cannot handle. The message is one line a CLI can print."""
 
 
-# --------------------------------------------------------------------------- loading
-
-TOKENIZER_FILES = {  # tried in this order: the plain file wins when a folder has several
+# Tried in this order: the plain file wins. Compressed, a test fixture holds Qwen3's 11 MB vocabulary in 1.4 MB.
+TOKENIZER_FILES = {
     "tokenizer.json": lambda path: path.read_text(encoding="utf-8"),
     "tokenizer.json.xz": lambda path: lzma.decompress(path.read_bytes()).decode("utf-8"),
     "tokenizer.json.gz": lambda path: gzip.decompress(path.read_bytes()).decode("utf-8"),
 }
-
-
-def load_raw_tokenizer(folder: Path) -> RawTokenizer:
-    """Read the first tokenizer file the folder has, plain or compressed."""
-    if not folder.is_dir():
-        raise TokenizerError(f"{folder}: not a folder (expected a checkpoint folder with tokenizer.json)")
-    for name, read_text in TOKENIZER_FILES.items():
-        path = folder / name
-        if path.is_file():
-            try:
-                return RawTokenizer.from_str(read_text(path))
-            except Exception as error:  # corrupt archive, bad JSON, unknown model type...
-                raise TokenizerError(f"{path}: cannot read tokenizer ({error})") from error
-    raise TokenizerError(f"{folder}: no tokenizer file (looked for {', '.join(TOKENIZER_FILES)})")
 
 
 def config_file(path: Path) -> dict:
@@ -60,16 +41,9 @@ def config_file(path: Path) -> dict:
     return read_json(path, TokenizerError) if path.is_file() else {}
 
 
-# --------------------------------------------------------------------------- stop tokens
-
-
 def find_stop_token_ids(folder: Path, raw: RawTokenizer | None) -> tuple[int, ...]:
-    """Every id that ends a reply, in the order the configs name them, without repeats.
-
-    Qwen3 chat models need both files: `generation_config.json` usually lists `<|endoftext|>`,
-    while a chat turn ends with `tokenizer_config.json`'s `eos_token`, `<|im_end|>`. Without
-    either, those two tokens; without a tokenizer (`raw` None), the listed ids alone.
-    """
+    """Every id that ends a reply, in the order the configs name them, without repeats: Qwen3 needs both
+    `generation_config.json`'s ids (`<|endoftext|>`) and `tokenizer_config.json`'s `eos_token` (`<|im_end|>`)."""
     folder = Path(folder)
     eos_ids = config_file(folder / "generation_config.json").get("eos_token_id")  # an int or a list
     stop_ids = [eos_ids] if isinstance(eos_ids, int) else list(eos_ids) if isinstance(eos_ids, list) else []
@@ -88,56 +62,29 @@ def find_stop_token_ids(folder: Path, raw: RawTokenizer | None) -> tuple[int, ..
     return tuple(dict.fromkeys(stop_ids))  # dict keys: a union that keeps the order
 
 
-# --------------------------------------------------------------------------- chat template
-
-
 def split_thinking(content: str) -> tuple[str, str]:
-    """(reasoning, answer) of an assistant reply, as the official template splits it.
-
-    The reasoning lies between `<think>` and the first `</think>`, the answer after the
-    last `</think>`, each without the newlines next to the tags; no `</think>`: no reasoning.
-    """
+    """(reasoning, answer) of an assistant reply, split as the official template splits it."""
     if THINK_CLOSE not in content:
         return "", content
     reasoning = content.split(THINK_CLOSE)[0].rstrip("\n").split(THINK_OPEN)[-1].lstrip("\n")
-    answer = content.split(THINK_CLOSE)[-1].lstrip("\n")
-    return reasoning, answer
+    return reasoning, content.split(THINK_CLOSE)[-1].lstrip("\n")
 
 
 def index_of_last_user_query(messages: Sequence[Mapping[str, str]]) -> int:
-    """Where the latest real user question sits (not a wrapped tool result); replies after it keep their reasoning.
-
-    Without one the official template uses the last index, so that no reply counts as "after" it.
-    """
+    """Where the latest real user question (not a wrapped tool result) sits: replies after it keep their reasoning."""
     for index in range(len(messages) - 1, -1, -1):
         content = messages[index].get("content") or ""
         is_tool_result = content.startswith("<tool_response>") and content.endswith("</tool_response>")
         if messages[index]["role"] == "user" and not is_tool_result:
             return index
-    return len(messages) - 1
-
-
-def render_assistant_turn(reasoning: str, answer: str, keep_thinking_block: bool) -> str:
-    """One assistant turn, with or without its `<think>` block.
-
-    Qwen3 was trained to see reasoning only in the turn it is working on: earlier replies lose theirs.
-    """
-    if keep_thinking_block:
-        reasoning, answer = reasoning.strip("\n"), answer.lstrip("\n")
-        body = f"{THINK_OPEN}\n{reasoning}\n{THINK_CLOSE}\n\n{answer}"
-    else:
-        body = answer
-    return f"{IM_START}assistant\n{body}{IM_END}\n"
+    return len(messages) - 1  # none: as in the official template, no reply counts as "after" it
 
 
 def apply_qwen3_chat_template(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
                               enable_thinking: bool = False) -> str:
     """The text Qwen3's official chat template renders (without tools).
 
-    Each turn is `<|im_start|>{role}\\n{content}<|im_end|>\\n`. Assistant turns after the
-    last user question keep a `<think>` block when final or holding reasoning. The
-    generation prompt opens an assistant turn; with thinking off it also writes an
-    empty `<think>` block, so the model answers straight away.
+    Qwen3 was trained to see reasoning only in the turn it is working on: earlier replies lose their `<think>`.
     """
     if not messages:
         raise TokenizerError("apply_chat_template: the message list is empty")
@@ -154,18 +101,13 @@ def apply_qwen3_chat_template(messages: Sequence[Mapping[str, str]], add_generat
             continue
         reasoning = message.get("reasoning_content")  # apart, as chat APIs return it, or inline in the content
         reasoning, answer = (reasoning, content) if isinstance(reasoning, str) else split_thinking(content)
-        is_last = index == len(messages) - 1
-        keep_thinking_block = index > last_query and (is_last or bool(reasoning))
-        pieces.append(render_assistant_turn(reasoning, answer, keep_thinking_block))
-
+        if index > last_query and (index == len(messages) - 1 or reasoning):
+            reasoning, answer = reasoning.strip("\n"), answer.lstrip("\n")
+            answer = f"{THINK_OPEN}\n{reasoning}\n{THINK_CLOSE}\n\n{answer}"
+        pieces.append(f"{IM_START}assistant\n{answer}{IM_END}\n")
     if add_generation_prompt:
-        pieces.append(f"{IM_START}assistant\n")
-        if not enable_thinking:
-            pieces.append(EMPTY_THINKING)
+        pieces.append(f"{IM_START}assistant\n" + ("" if enable_thinking else EMPTY_THINKING))
     return "".join(pieces)
-
-
-# --------------------------------------------------------------------------- the tokenizer
 
 
 class Tokenizer:
@@ -187,11 +129,8 @@ class Tokenizer:
         return self.raw.get_vocab_size(with_added_tokens=True)
 
     def encode(self, text: str) -> list[int]:
-        """Token ids for `text`, adding nothing of our own.
-
-        Special tokens written in the text (`<|im_start|>`, `<think>`...) become their single
-        ids: that is how a rendered chat template becomes the ids the model was trained on.
-        """
+        """Token ids for `text`, adding nothing of our own; special tokens written in it (`<|im_start|>`,
+        `<think>`...) become their single ids, so a rendered chat template gives the ids the model trained on."""
         return self.raw.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
@@ -201,10 +140,8 @@ class Tokenizer:
     def heal(self, ids: Sequence[int]) -> tuple[list[int], list[int] | None]:
         """Token healing: (the prompt without its last token, the tokens that may replace it), or (ids, None).
 
-        A prompt ending mid-token (a newline before indentation, a trailing space, half a
-        word) ends in a token the model rarely saw there: in training text the newline came
-        merged with the indentation. So drop it, and let the first new token be any token
-        that starts with its text. Nothing changes for a special token or when none extends it.
+        A prompt ending mid-token (a newline before indentation, a trailing space, half a word) ends in a
+        token the model rarely saw there; so drop it, and let the first new token be any that extends its text.
         """
         ids = list(ids)
         if len(ids) < 2 or ids[-1] in self.special_ids:
@@ -215,10 +152,10 @@ class Tokenizer:
     def tokens_starting_with(self, piece: str) -> list[int]:
         """Ids of every ordinary token whose text (in the vocabulary's own alphabet) starts with `piece`.
 
-        Byte-level BPE spells each byte as one character, so a string prefix is a byte
-        prefix; sorted, the tokens sharing a prefix sit together: two binary searches.
+        Byte-level BPE spells each byte as one character, so a string prefix is a byte prefix; in the
+        vocabulary sorted once per tokenizer, the tokens sharing a prefix sit together: two binary searches.
         """
-        if self._sorted_texts is None:  # once per tokenizer: 150,000 strings for Qwen3
+        if self._sorted_texts is None:
             ordinary = sorted((text, i) for text, i in self.raw.get_vocab(with_added_tokens=False).items()
                               if i not in self.special_ids)
             self._sorted_texts, self._sorted_ids = [text for text, _ in ordinary], [i for _, i in ordinary]
@@ -244,8 +181,17 @@ class Tokenizer:
 def load_tokenizer(folder: str | Path) -> Tokenizer:
     """The tokenizer and stop tokens a checkpoint folder describes; a TokenizerError names the file."""
     folder = Path(folder)
-    raw = load_raw_tokenizer(folder)
-    return Tokenizer(raw, find_stop_token_ids(folder, raw))
+    if not folder.is_dir():
+        raise TokenizerError(f"{folder}: not a folder (expected a checkpoint folder with tokenizer.json)")
+    for name, read_text in TOKENIZER_FILES.items():
+        path = folder / name
+        if path.is_file():
+            try:
+                raw = RawTokenizer.from_str(read_text(path))
+            except Exception as error:  # corrupt archive, bad JSON, unknown model type...
+                raise TokenizerError(f"{path}: cannot read tokenizer ({error})") from error
+            return Tokenizer(raw, find_stop_token_ids(folder, raw))
+    raise TokenizerError(f"{folder}: no tokenizer file (looked for {', '.join(TOKENIZER_FILES)})")
 
 
 def find_tokenizer(folder: str | Path, required: bool = False) -> Tokenizer | None:
