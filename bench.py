@@ -1,13 +1,12 @@
 """Benchmark DFlash against plain decoding on a prompt set, in one run, on one machine.
 
     python bench.py --block-sizes 4 8 16 --temperatures 0 0.7 --trees 16 --json FILE --plots DIR --peer transformers
-    python bench.py --block-sizes 4 16 --temperatures 0.7 1.0 --draft-policy greedy sampled mixed:2 --filters none config
+    python bench.py --block-sizes 4 16 --temperatures 0.7 1 --draft-policy greedy sampled mixed:2 --filters none config
 
-Pooled over prompts (totals, not means of ratios): tau, tokens/s, speedup, acceptance per draft slot, correct
-answers; from a second pass, timed by phase, where a step's time goes. Repetition flatters any drafter, so the
-figures are also given over the prompts with non-degenerate outputs, one prompt set for both sides of a comparison.
-An oracle drafting the greedy continuation gives the ceiling; the ideal speedup tau * t_decode / (t_draft +
-t_verify) counts the passes only, and the efficiency is the measured speedup over it.
+Pooled over prompts (totals, not means of ratios), and again over the prompts whose outputs do not repeat
+(repetition flatters any drafter): tau, tokens/s, speedup, acceptance per draft slot, correct answers; from a second,
+phase-timed pass, where a step's time goes. The oracle drafts the greedy continuation: the ceiling. The ideal
+speedup tau * t_decode / (t_draft + t_verify) counts the passes only; the efficiency is the measured share of it.
 """
 
 from __future__ import annotations
@@ -26,36 +25,24 @@ from typing import Callable, Sequence
 
 import torch
 
-from bench_common import peak_memory, print_table
+from bench_common import distinct_ngram_ratio, final_number, peak_memory, print_table
 from dflash.checkpoint import read_json
 from dflash.cli import OneLineErrors, UsageError, add_device_options, pick_device, pick_dtype, run_cli
 from dflash.drafter import Drafter
 from dflash.prompts import PROMPT_FORMAT, add_prompt_options, encode_for_generation, read_prompts
 from dflash.qwen3 import Qwen3
-from dflash.sampling import Sampling, sampled_slots
+from dflash.results import Generation, per_position_acceptance, synchronize
+from dflash.sampling import Sampling, as_sampling, keep_only, sampled_slots
 from dflash.tokenizer import find_tokenizer, stop_token_ids
-from generate import (WEIGHTS, Generation, ModelRunner, generate_autoregressive, generate_dflash,
-                      generate_dflash_tree, keep_only, per_position_acceptance, synchronize)
+from generate import WEIGHTS, ModelRunner, generate_autoregressive, generate_dflash, generate_dflash_tree
 
-NGRAM, DEGENERATE_BELOW = 4, 0.3  # an output whose distinct-4-gram ratio is below 0.3 is degenerate
+DEGENERATE_BELOW = 0.3  # an output whose distinct-4-gram ratio is below this is degenerate
 SUMMARY = ("prompts", "tau", "tokens_per_second", "speedup", "ideal_speedup", "efficiency", "accuracy",
            "first_token_ms", "time_per_output_token_ms")  # the figures of a loop printed, in order
 
 
-def distinct_ngram_ratio(ids: Sequence[int], n: int = NGRAM) -> float:
-    """Distinct n-grams / all n-grams: 1.0 when nothing repeats (or nothing can: under n ids), near 0 for a loop."""
-    grams = [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
-    return len(set(grams)) / len(grams) if grams else 1.0
-
-
 def is_degenerate(ids: Sequence[int]) -> bool:
     return distinct_ngram_ratio(ids) < DEGENERATE_BELOW
-
-
-def final_number(text: str) -> str | None:
-    """The last integer in a reply ("... The answer is 42." -> "42"): what an answer check compares."""
-    numbers = re.findall(r"-?\d+", text.replace(",", ""))
-    return numbers[-1] if numbers else None
 
 
 def accuracy(runs: Sequence[Run]) -> float | None:
@@ -78,7 +65,7 @@ def efficiency(speedup: float, tau: float, t_decode: float, t_draft: float, t_ve
     return ratio(speedup, ideal_speedup(tau, t_decode, t_draft, t_verify))
 
 
-def step_ms(per_step_ms: dict[str, float | None]) -> float | None:
+def step_ms(per_step_ms: dict[str, float | None] | None) -> float | None:
     """The cost of one step: its phases added up, None if one is missing."""
     return None if not per_step_ms or None in per_step_ms.values() else sum(per_step_ms.values())
 
@@ -119,7 +106,7 @@ class PhaseClock:
 
 
 class OracleRunner(ModelRunner):
-    """Drafts `truth`, the prompt and its greedy continuation (n,): every block is accepted. The real draft pass
+    """Drafts `truth` (n,), the prompt and its greedy continuation, so every block is kept; its real draft pass
     still runs, for its cost and to keep the drafter's cache in step."""
 
     truth: torch.Tensor | None = None  # None: it drafts as any runner (the warm-up)
@@ -155,8 +142,7 @@ class Loops:
     def run(self, kind: str, block_size: int | None, prompt: BenchPrompt, temperature: float | Sampling,
             max_new_tokens: int | None = None, stop: bool = True, policy: str = "greedy") -> Generation:
         """One call of a loop, with the seed, limit and first-token choices of every other."""
-        sampling = temperature if isinstance(temperature, Sampling) else Sampling(temperature)
-        options = dict(sampling=sampling, stop_ids=self.stop_ids if stop else (),
+        options = dict(sampling=as_sampling(temperature), stop_ids=self.stop_ids if stop else (),
                        generator=torch.Generator(self.target.embed_tokens.weight.device).manual_seed(self.seed),
                        runner=self.runner(kind, block_size), first_token_choices=prompt.first_token_choices)
         args = (prompt.ids, max_new_tokens or self.max_new_tokens)
@@ -166,17 +152,12 @@ class Loops:
             return generate_dflash_tree(self.target, self.drafter, *args, budget=int(kind[5:]), **options)
         return generate_dflash(self.target, self.drafter, *args, block_size=block_size, draft_policy=policy, **options)
 
-    def greedy_truth(self, prompt: BenchPrompt, extra: int) -> torch.Tensor:
-        """The prompt and its greedy continuation, `extra` tokens past the limit and past any stop token: (n,)."""
-        tail = self.run("plain", None, prompt, 0.0, self.max_new_tokens + extra, stop=False).new_ids
-        return torch.tensor(prompt.ids + tail, device=self.target.embed_tokens.weight.device)
-
     def measure(self, kind: str, block_size: int | None, prompt: BenchPrompt, temperature: float | Sampling,
-                truth: torch.Tensor | None = None, policy: str = "greedy") -> Run:
-        """Run a loop twice, clean then with its runner's phases timed; check the reply against the answer."""
+                truth: list[int] | None = None, policy: str = "greedy") -> Run:
+        """Run a loop twice, clean then phase-timed; check the reply. The oracle drafts `truth`, the greedy reply."""
         runner = self.runner(kind, block_size)
         if kind == "oracle":
-            runner.truth = truth
+            runner.truth = torch.tensor(prompt.ids + truth, device=self.target.embed_tokens.weight.device)
         result = self.run(kind, block_size, prompt, temperature, policy=policy)
         phases = ["decode"] if kind == "plain" else ["draft", "verify"]
         runner.clock = clock = PhaseClock(self.target.embed_tokens.weight.device, phases)
@@ -190,33 +171,35 @@ class Loops:
 Row = namedtuple("Row", "kind temperature block_size runs baseline policy filters", defaults=("greedy", ""))
 
 
-def filters_label(sampling: Sampling) -> str:
-    named = (("k", sampling.top_k, 0), ("p", sampling.top_p, 1.0), ("min_p", sampling.min_p, 0.0))
-    return " ".join(f"{name}{value:g}" for name, value, off in named if value != off)
+def row_label(row: dict) -> str:
+    """How the progress lines, the acceptance lines and the plots name a row (a report's, or its fields)."""
+    drafts = "" if row["kind"] == "plain" else f", block {row['block_size']}, {row['policy']} drafts"
+    return f"{row['kind']}{drafts}, T={row['temperature']:g} {row['filters']}".rstrip()
 
 
 def benchmark(loops: Loops, prompts: Sequence[BenchPrompt], block_sizes: Sequence[int], temperatures: Sequence[float],
               oracle: bool, trees: Sequence[int] = (), policies: Sequence[str] = ("greedy",),
               filter_sets: Sequence[dict] = ({},)) -> tuple[dict[Sampling, list[Run]], list[Row]]:
-    """Each loop on every prompt at each sampling (a temperature, and above 0 each set of filters and each draft
-    policy): the rows, and the plain loop's runs per `Sampling`."""
+    """Each loop on every prompt at each sampling (above temperature 0: each filter set, each draft policy), against
+    the plain loop at that sampling: the rows, and the plain loop's runs per `Sampling`."""
     baselines, rows = {}, []
     for sampling in [Sampling(t, **f) for t in temperatures for f in (filter_sets if t > 0 else [{}])]:
-        ceiling = oracle and sampling.greedy  # the oracle's drafts: the greedy continuation, past the largest block
-        truths = [loops.greedy_truth(p, max(block_sizes)) if ceiling else None for p in prompts]
+        ceiling = oracle and sampling.greedy  # the oracle's truths: past the limit, any stop token, the largest block
+        truths = [loops.run("plain", None, p, 0.0, loops.max_new_tokens + max(block_sizes), stop=False).new_ids
+                  if ceiling else None for p in prompts]
         for kind, block_size, policy in ([("plain", None, "greedy")]
                                          + [("DFlash", b, policy) for b in block_sizes
                                             for policy in (["greedy"] if sampling.greedy else policies)]
                                          + [(f"tree {n}", max(block_sizes), "greedy") for n in trees]
                                          + [("oracle", b, "greedy") for b in block_sizes if ceiling]):
-            print(f"[bench] {sampling}: {kind}, block {block_size or '-'}, {policy} drafts", file=sys.stderr)
+            row = Row(kind, sampling.temperature, block_size, None, None, policy, sampling.filters)
+            print(f"[bench] {row_label(row._asdict())}", file=sys.stderr)
             # A short, unmeasured call pays for allocations, kernel selection, compiling, recording CUDA graphs.
             loops.run(kind, block_size, prompts[0], sampling, min(loops.max_new_tokens, 4 * max(block_sizes)),
                       policy=policy)
             runs = [loops.measure(kind, block_size, p, sampling, truth, policy) for p, truth in zip(prompts, truths)]
             baselines.setdefault(sampling, runs)  # the plain loop's, measured first
-            rows.append(Row(kind, sampling.temperature, block_size, runs, baselines[sampling], policy,
-                            filters_label(sampling)))
+            rows.append(row._replace(runs=runs, baseline=baselines[sampling]))
     return baselines, rows
 
 
@@ -230,21 +213,17 @@ def time_transformers(model_dir: Path, prompts: Sequence[BenchPrompt], max_new_t
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, **{dtype_keyword: dtype}).to(device).eval()
     stop = dict(eos_token_id=list(stop_ids), pad_token_id=stop_ids[0]) if stop_ids else {}
 
-    def generate(prompt: BenchPrompt, tokens: int) -> list[int]:
-        def heal(ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:  # token healing: the first token only
-            return keep_only(scores, prompt.first_token_choices) if ids.shape[1] == len(prompt.ids) else scores
-
-        ids = torch.tensor([prompt.ids], device=device)  # (1, n)
+    def generate(prompt: BenchPrompt, tokens: int) -> list[int]:  # transformers' generate runs without gradients
+        choices, ids = prompt.first_token_choices, torch.tensor([prompt.ids], device=device)  # ids: (1, n)
+        heal = [lambda so_far, scores: keep_only(scores, choices) if so_far.shape[1] == len(prompt.ids) else scores]
         out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=tokens,
-                             logits_processor=[heal] if prompt.first_token_choices else None, **stop)
+                             logits_processor=heal if choices else None, **stop)  # healing: the first token only
         return out[0, len(prompt.ids):].tolist()  # on the host: the device has finished
 
-    with torch.no_grad():
-        generate(prompts[0], min(max_new_tokens, 8))  # unmeasured, as the loops' first calls; it ends synchronized
-        began = time.perf_counter()
-        outputs = [generate(prompt, max_new_tokens) for prompt in prompts]
-        seconds = time.perf_counter() - began
-    speed = ratio(sum(map(len, outputs)), seconds)
+    generate(prompts[0], min(max_new_tokens, 8))  # unmeasured, as the loops' first calls; it ends synchronized
+    began = time.perf_counter()
+    outputs = [generate(prompt, max_new_tokens) for prompt in prompts]
+    speed = ratio(sum(map(len, outputs)), time.perf_counter() - began)
     return {"library": "transformers", "version": transformers.__version__, "prompts": len(prompts),
             "tokens_per_second": speed, "plain_over_peer": ratio(loop_figures(plain)["tokens_per_second"], speed),
             "agree": sum(out == run.result.new_ids for out, run in zip(outputs, plain))}
@@ -261,13 +240,12 @@ def loop_figures(runs: Sequence[Run], block_size: int | None = None) -> dict:
     phases = {name: sum(run.phase_seconds[name] for run in runs) for name in runs[0].phase_seconds}
     phases["accept_and_bookkeeping"] = sum(run.bookkeeping_seconds for run in runs)
     steps, after_first = sum(run.timed.steps for run in runs), pooled.seconds - pooled.first_token_seconds
-    figures = {"prompts": len(runs), "new_tokens": pooled.new_tokens, "steps": pooled.steps,
+    figures = {"prompts": len(runs), "new_tokens": pooled.new_tokens, "steps": pooled.steps, "accuracy": accuracy(runs),
                "tau": pooled.mean_acceptance if pooled.steps else None,
                "tokens_per_second": ratio(pooled.new_tokens, pooled.seconds),
                "first_token_ms": 1000 * pooled.first_token_seconds / len(runs),
                "time_per_output_token_ms": ratio(1000 * after_first, pooled.new_tokens - len(runs)),
-               "per_step_ms": {name: ratio(1000 * seconds, steps) for name, seconds in phases.items()},
-               "accuracy": accuracy(runs)}
+               "per_step_ms": {name: ratio(1000 * seconds, steps) for name, seconds in phases.items()}}
     if block_size is not None:
         figures.update(acceptance_histogram=pooled.histogram(block_size),
                        per_position_acceptance=per_position_acceptance(pooled.acceptance_lengths, block_size))
@@ -295,41 +273,37 @@ def summarize_row(runs: Sequence[Run], baseline: Sequence[Run], temperature: flo
     return summary
 
 
-def row_report(row: Row, prompts: Sequence[BenchPrompt], oracle: list[Run] | None) -> dict:
-    """A row's figures, and per prompt what its loop did beside the plain loop (and the oracle at its block)."""
-    per_prompt = []
-    for i, (prompt, run, plain, out) in enumerate(zip(prompts, row.runs, row.baseline,
-                                                      left_out(row.runs, row.baseline, row.temperature))):
-        fast, slow = run.result, plain.result
-        per_prompt.append({
-            "index": i, "prompt": prompt.where, "new_tokens": fast.new_tokens, "tau": fast.mean_acceptance,
-            "tokens_per_second": fast.tokens_per_second, "correct": run.correct, "output_ids": fast.new_ids,
-            "acceptance_lengths": fast.acceptance_lengths, "identical_to_baseline": fast.new_ids == slow.new_ids,
-            "speedup": ratio(fast.tokens_per_second, slow.tokens_per_second), "degenerate": out,
-            "distinct_4gram_ratio": distinct_ngram_ratio(fast.new_ids),
-            "baseline_distinct_4gram_ratio": distinct_ngram_ratio(slow.new_ids)})
-        if oracle is not None:
-            per_prompt[-1]["oracle_tau"] = oracle[i].result.mean_acceptance  # its speedup: the oracle row's
-    return {"kind": row.kind, "block_size": row.block_size, "temperature": row.temperature, "policy": row.policy,
-            "filters": row.filters,
-            **summarize_row(row.runs, row.baseline, row.temperature, row.block_size), "per_prompt": per_prompt}
-
-
 def build_report(conditions: dict, prompts: Sequence[BenchPrompt], rows: Sequence[Row], memory: dict,
                  peer: dict | None) -> dict:
-    """Everything the run measured, JSON-ready, the plain loop's rows apart; a tree's figures over the chain's."""
+    """Everything the run measured, JSON-ready: each row's figures, and per prompt what its loop did beside the plain
+    loop (greedy DFlash: and the oracle at its block); the plain loop's rows apart, a tree's also over the chain's."""
     oracles = {row.block_size: row.runs for row in rows if row.kind == "oracle"}
-    reports = [row_report(row, prompts, oracles.get(row.block_size) if row.kind == "DFlash" and row.temperature == 0
-                          else None) for row in rows]
+    reports = []
+    for row in rows:
+        oracle = oracles.get(row.block_size) if row.kind == "DFlash" and row.temperature == 0 else None
+        per_prompt = []
+        for i, (prompt, run, plain, out) in enumerate(zip(prompts, row.runs, row.baseline,
+                                                          left_out(row.runs, row.baseline, row.temperature))):
+            fast, slow = run.result, plain.result
+            per_prompt.append({
+                "index": i, "prompt": prompt.where, "new_tokens": fast.new_tokens, "tau": fast.mean_acceptance,
+                "tokens_per_second": fast.tokens_per_second, "correct": run.correct, "output_ids": fast.new_ids,
+                "acceptance_lengths": fast.acceptance_lengths, "identical_to_baseline": fast.new_ids == slow.new_ids,
+                "speedup": ratio(fast.tokens_per_second, slow.tokens_per_second), "degenerate": out,
+                "distinct_4gram_ratio": distinct_ngram_ratio(fast.new_ids),
+                "baseline_distinct_4gram_ratio": distinct_ngram_ratio(slow.new_ids),
+                **({"oracle_tau": oracle[i].result.mean_acceptance} if oracle else {})})  # speedup: the oracle row's
+        summary = summarize_row(row.runs, row.baseline, row.temperature, row.block_size)
+        reports.append({"kind": row.kind, "block_size": row.block_size, "temperature": row.temperature,
+                        "policy": row.policy, "filters": row.filters, **summary, "per_prompt": per_prompt})
     chains = {(r["block_size"], r["temperature"], r["filters"]): r for r in reports
               if r["kind"] == "DFlash" and r["policy"] == "greedy"}
     for tree in (r for r in reports if r["kind"].startswith("tree ")):
         for half in ("all", "non_degenerate"):  # an empty half has no figures: every ratio is None
             mine, chain = tree[half], chains[tree["block_size"], tree["temperature"], tree["filters"]][half]
-            mine["versus_chain"] = {
-                "tau": ratio(mine.get("tau"), chain.get("tau")),
-                "step_cost": ratio(step_ms(mine.get("per_step_ms", {})), step_ms(chain.get("per_step_ms", {}))),
-                "speedup": ratio(mine.get("tokens_per_second"), chain.get("tokens_per_second"))}
+            mine["versus_chain"] = {"tau": ratio(mine.get("tau"), chain.get("tau")),
+                                    "step_cost": ratio(*(step_ms(f.get("per_step_ms")) for f in (mine, chain))),
+                                    "speedup": ratio(mine.get("tokens_per_second"), chain.get("tokens_per_second"))}
     return {"conditions": conditions, "peak_memory": memory, "peer": peer,
             "baselines": [r for r in reports if r["kind"] == "plain"],
             "rows": [r for r in reports if r["kind"] != "plain"]}
@@ -338,9 +312,10 @@ def build_report(conditions: dict, prompts: Sequence[BenchPrompt], rows: Sequenc
 def print_report(report: dict) -> None:
     """Every loop over all prompts, then the non-degenerate ones if any was left out; acceptance, memory, peer."""
     rows = sorted(report["baselines"] + report["rows"], key=lambda row: (row["temperature"], row["filters"]))
-    columns = [("temp", "g"), ("filters", "s"), ("block", "d"), ("loop", "s"), ("same", "d"), ("prompts", "d"), ("tau", ".2f"),
-               ("tok/s", ".1f"), ("speedup", ".2fx"), ("ideal", ".2fx"), ("efficiency", ".2f"), ("correct", ".0%")]
-    columns += [(name, ".2f") for name in ("1st ms", "token ms", "draft", "verify", "decode", "rest", "step")]
+    columns = [("temp", "g"), ("filters", "s"), ("block", "d"), ("loop", "s"), ("same", "d"), ("prompts", "d"),
+               ("tau", ".2f"), ("tok/s", ".1f"), ("speedup", ".2fx"), ("ideal", ".2fx"), ("efficiency", ".2f"),
+               ("correct", ".0%")] + [(name, ".2f") for name in ("1st ms", "token ms", "draft", "verify", "decode",
+                                                                  "rest", "step")]
     for half in ("all", "non_degenerate"):
         if half == "all" or any(r[half]["prompts"] < r["all"]["prompts"] for r in rows):
             lines = []
@@ -351,13 +326,12 @@ def print_report(report: dict) -> None:
                 loop = r["kind"] if r["policy"] == "greedy" else f"{r['kind']} {r['policy']}"
                 lines.append([r["temperature"], r["filters"], r["block_size"], loop, same, *map(figures.get, SUMMARY),
                               *map(steps.get, ("draft", "verify", "decode", "accept_and_bookkeeping")), step_ms(steps)])
-            print_table(f"{half.replace('_', '-')} prompts (same: greedy output as the plain loop's; correct: the "
-                        "last number is the answer;\nms: to the 1st token, per token after it, per step: draft, "
-                        "verify, decode, the rest (accepting, bookkeeping), in all)", columns, lines)
+            print_table(f"{half.replace('_', '-')} prompts (same: greedy output as the plain loop's; correct: the last "
+                        "number is the answer;\nms: to the 1st token, per token after it, per step: draft, verify, "
+                        "decode, the rest (accepting, bookkeeping), in all)", columns, lines)
     for row in report["rows"]:  # how often draft slot k was kept, given slot k-1 was
         rates = " ".join("-" if r is None else f"{r:.2f}" for r in row["all"]["per_position_acceptance"])
-        print(f"acceptance per slot, {row['kind']} ({row['policy']} drafts), block {row['block_size']}, "
-              f"T={row['temperature']:g} {row['filters']}: {rates}")
+        print(f"acceptance per slot, {row_label(row)}: {rates}")
     memory = report["peak_memory"]
     print(f"\npeak memory: {(memory['bytes'] or float('nan')) / 2**20:.0f} MiB ({memory['what']}, the whole process)")
     if (peer := report["peer"]) is not None:
@@ -371,23 +345,21 @@ def write_plots(folder: Path, report: dict) -> list[Path]:
 
     plt.switch_backend("Agg")  # files only, no window
     folder.mkdir(parents=True, exist_ok=True)
-    plots = [("per_position_acceptance", "draft slot k", "P(slot k kept | slot k-1 kept)",
-              lambda row: row["all"]["per_position_acceptance"]),
-             ("acceptance_histogram", "tokens accepted per step", "share of steps",
-              lambda row: [n / max(row["all"]["steps"], 1) for n in row["all"]["acceptance_histogram"]]),
-             ("speedup_per_prompt", "prompt", "speedup", lambda row: [p["speedup"] for p in row["per_prompt"]])]
-    for name, xlabel, ylabel, values in plots:
+    plots = {"per_position_acceptance": ("draft slot k", "P(slot k kept | slot k-1 kept)",
+                                         lambda row: row["all"]["per_position_acceptance"]),
+             "acceptance_histogram": ("tokens accepted per step", "share of steps", lambda row: [
+                 n / max(row["all"]["steps"], 1) for n in row["all"]["acceptance_histogram"]]),
+             "speedup_per_prompt": ("prompt", "speedup", lambda row: [p["speedup"] for p in row["per_prompt"]])}
+    for name, (xlabel, ylabel, values) in plots.items():
         figure, axes = plt.subplots(figsize=(8, 4))
         for row in report["rows"]:
             ys = [float("nan") if y is None else y for y in values(row)]
-            axes.plot(range(1, len(ys) + 1), ys, marker="o",
-                      label=f"{row['kind']} {row['policy']}, B={row['block_size']}, T={row['temperature']:g} "
-                            f"{row['filters']}")
+            axes.plot(range(1, len(ys) + 1), ys, marker="o", label=row_label(row))
         axes.set(xlabel=xlabel, ylabel=ylabel, title=f"{ylabel} (all prompts)")
         axes.legend(fontsize=7)
         figure.savefig(folder / f"{name}.png", dpi=100, bbox_inches="tight")
         plt.close(figure)
-    return [folder / f"{name}.png" for name, *_ in plots]
+    return [folder / f"{name}.png" for name in plots]
 
 
 def require(module: str, extra: str, why: str) -> None:
@@ -435,9 +407,8 @@ def run(args) -> int:
     target = Qwen3.from_pretrained(args.model, device=device, dtype=dtype)
     drafter = Drafter.from_pretrained(args.draft, target=target, device=device, dtype=dtype)
     tokenizer = find_tokenizer(args.model)
-    prompts = [BenchPrompt(prompt.where, *encode_for_generation(prompt, tokenizer, args.chat, args.thinking,
-                                                                args.token_healing), prompt.answer)
-               for prompt in read_prompts(args.prompts)]
+    prompts = [BenchPrompt(p.where, *encode_for_generation(p, tokenizer, args.chat, args.thinking, args.token_healing),
+                           p.answer) for p in read_prompts(args.prompts)]
     block_sizes = args.block_sizes or [drafter.config.block_size]
     for policy in args.draft_policy:  # a bad policy is refused before anything runs
         sampled_slots(policy, min(block_sizes), Sampling(max(args.temperatures)) if policy != "greedy" else Sampling())
@@ -451,11 +422,9 @@ def run(args) -> int:
                   decode=(lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None)
     cpus = re.findall(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text()) if sys.platform == "linux" else []
     chip = torch.cuda.get_device_name(device) if device.type == "cuda" else (cpus or ["unknown CPU"])[0]
-    conditions = {**{key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
-                  "machine": f"{chip}, torch {torch.__version__}, {torch.get_num_threads()} threads",
-                  "torch": torch.__version__, "threads": torch.get_num_threads(), "device": str(device),
-                  "dtype": str(dtype).removeprefix("torch."), "compile": compile, "batch_size": 1,
-                  "prompts_file": str(args.prompts), "prompts": len(prompts), "block_sizes": block_sizes,
+    conditions = {**vars(args), "machine": chip, "torch": torch.__version__, "threads": torch.get_num_threads(),
+                  "device": str(device), "dtype": str(dtype).removeprefix("torch."), "compile": compile,
+                  "batch_size": 1, "prompts_file": args.prompts, "prompts": len(prompts), "block_sizes": block_sizes,
                   "healed_prompts": sum(p.first_token_choices is not None for p in prompts)}
     print("conditions:\n" + "\n".join(f"  {key.replace('_', ' ')}: {value}" for key, value in conditions.items()))
     baselines, rows = benchmark(loops, prompts, block_sizes, args.temperatures, args.oracle, args.trees,
@@ -467,7 +436,7 @@ def run(args) -> int:
     report = build_report(conditions, prompts, rows, memory, peer)
     print_report(report)
     if args.json:
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
+        args.json.write_text(json.dumps(report, indent=1, default=str) + "\n")  # paths as text
     for path in write_plots(args.plots, report) if args.plots else []:
         print(f"wrote {path}")
     return 0

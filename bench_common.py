@@ -1,8 +1,9 @@
-"""What the benchmarks share: the process's peak memory, models with random weights, text tables.
+"""What the benchmarks share: the process's peak memory, models with random weights, text tables, reply checks.
 
 bench.py, bench_load.py and bench_train.py each measure peak memory, the last two build
 models whose weights do not matter (memory and time do not depend on them), and bench.py
-and bench_train.py print their results as tables.
+and bench_train.py print their results as tables. Replies are checked for repetition and
+their final number by bench.py, the target's evaluation (recipes/) and the demo pair's tests.
 """
 
 from __future__ import annotations
@@ -39,6 +40,18 @@ def randomize(model: torch.nn.Module) -> torch.nn.Module:
         for name, parameter in model.named_parameters():
             parameter.fill_(1.0) if name.endswith("norm.weight") else parameter.normal_(0.0, 0.02)
     return model
+
+
+def distinct_ngram_ratio(ids: Sequence[int], n: int = 4) -> float:
+    """Distinct n-grams / all n-grams: 1.0 when nothing repeats (or nothing can: under n ids), near 0 for a loop."""
+    grams = [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else 1.0
+
+
+def final_number(text: str) -> str | None:
+    """The last integer in a reply ("... The answer is 42." -> "42"): what an answer check compares."""
+    numbers = re.findall(r"-?\d+", text.replace(",", ""))
+    return numbers[-1] if numbers else None
 
 
 def print_table(title: str, columns: Sequence[tuple[str, str]], lines: list[Sequence]) -> None:

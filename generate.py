@@ -1,14 +1,13 @@
 """Generate text with a Qwen3 target, alone or sped up by a DFlash drafter.
 
-- `generate_autoregressive`: one target forward pass per new token.
-- `generate_dflash`: the drafter guesses a block of tokens in one pass, the target
-  checks the block in one pass, and every guess up to the first wrong one is kept,
-  plus the target's own token there: 1 to `block_size` tokens per target pass.
-- `generate_dflash_tree`: the same draft pass grows a tree of guesses (`dflash/tree.py`);
-  the target checks every node in one pass and the longest agreeing path is kept.
+- `generate_autoregressive`: one target pass per new token (the baseline).
+- `generate_dflash`: the drafter guesses a block in one pass, the target checks it in one pass,
+  and the guesses up to the first wrong one are kept, plus the target's own token there.
+- `generate_dflash_tree`: the draft pass grows a tree of guesses (`dflash/tree.py`); the target
+  checks every node in one pass and the longest agreeing path is kept.
 
-Reading order: the result, the passes and the `ModelRunner`
-(caches, buffers), the loops, the command line.
+Reading order: the passes and the `ModelRunner`, the loops, the command line. What a call returns
+(`Generation`, built by `Output`) is in `dflash/results.py`, a tree's runner steps in `dflash/tree.py`.
 """
 
 from __future__ import annotations
@@ -20,118 +19,30 @@ import json
 import sys
 import time
 import types
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
-from dflash.cli import OneLineErrors, UsageError, add_device_options, int_list, pick_device, pick_dtype, run_cli
+from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_token_ids, int_list, pick_device,
+                        pick_dtype, run_cli)
 from dflash.drafter import Drafter
 from dflash.flex_reads import FilledBlocksCache
 from dflash.prompts import Prompt, add_prompt_options, encode_for_generation
 from dflash.qwen3 import KVCache, Qwen3
-from dflash.sampling import (GREEDY, Sampling, add_sampling_options, argmax, as_sampling, draw, keep_only,  # noqa: F401
-                             sample, sampled_slots, sampling_of, verdicts)
-from dflash.tokenizer import find_tokenizer, stop_token_ids
-from dflash.tree import DraftTree, build_tree, path_slots, verify_inputs, walk
+from dflash.results import Generation, OnToken, Output
+from dflash.sampling import (Sampling, add_sampling_options, argmax, as_sampling, draw, keep_only, sample,
+                             sampled_slots, sampling_of, verdicts)
+from dflash.tokenizer import TextStream, find_tokenizer, stop_token_ids
+from dflash.tree import TreeSteps, build_tree, walk
 
 WEIGHTS = Path(__file__).parent / "weights"
-OnToken = Callable[[int, bool], None]  # (token id, came from an accepted draft)
-
-
-# ---------------------------------------------------------------------- the result
-
-
-def acceptance_histogram(acceptance_lengths: Sequence[int], block_size: int) -> list[int]:
-    """How many steps accepted 1, 2, ..., block_size tokens."""
-    return [sum(1 for length in acceptance_lengths if length == accepted) for accepted in range(1, block_size + 1)]
-
-
-def per_position_acceptance(acceptance_lengths: Sequence[int], block_size: int) -> list[float | None]:
-    """For draft slots k = 1..B-1, how often slot k was kept once reached (a step of length L reaches k <= L)."""
-    reached = [sum(1 for length in acceptance_lengths if length >= slot) for slot in range(1, block_size)]
-    kept = [sum(1 for length in acceptance_lengths if length > slot) for slot in range(1, block_size)]
-    return [k / r if r else None for k, r in zip(kept, reached)]
-
-
-@dataclass
-class Generation:
-    """What one call produced, and how fast.
-
-    The prefill gives the first new token and is not a step; each target pass after it is
-    one, and `acceptance_lengths[i]` is how many tokens step i committed (kept drafts + the
-    target's own; always 1 in the plain loop). `seconds` leaves out `on_token` (printing).
-    """
-
-    new_ids: list[int]
-    acceptance_lengths: list[int]
-    seconds: float
-    callback_seconds: float = 0.0
-    first_token_seconds: float = 0.0  # the prefill and the first sampling
-
-    new_tokens = property(lambda self: len(self.new_ids))
-    steps = property(lambda self: len(self.acceptance_lengths))
-    tokens_per_second = property(lambda self: self.new_tokens / self.seconds if self.seconds > 0 else 0.0)
-
-    @property
-    def mean_acceptance(self) -> float:
-        """tau: the mean number of tokens one verification pass commits (1.0 without a drafter)."""
-        return sum(self.acceptance_lengths) / self.steps if self.steps else 0.0
-
-    def histogram(self, block_size: int) -> list[int]:
-        return acceptance_histogram(self.acceptance_lengths, block_size)
-
-
-class Output:
-    """The committed new tokens (at most `limit`, nothing after a stop token), timed from creation
-    without the time spent in `on_token`."""
-
-    def __init__(self, limit: int, stop_ids: Sequence[int], on_token: OnToken | None, device: torch.device):
-        self.limit, self.stop_ids, self.on_token, self.device = limit, set(stop_ids), on_token, device
-        self.ids, self.acceptance_lengths = [], []
-        self.callback_seconds = self.first_token_seconds = 0.0
-        synchronize(device)  # earlier queued GPU work is not ours to time
-        self.began = time.perf_counter()
-
-    @property
-    def done(self) -> bool:
-        return len(self.ids) == self.limit or bool(self.ids) and self.ids[-1] in self.stop_ids
-
-    def elapsed(self) -> float:
-        return time.perf_counter() - self.began - self.callback_seconds
-
-    def commit(self, tokens: list[int], drafted: int = 0) -> None:
-        """Append a step's tokens, of which the first `drafted` were accepted drafts."""
-        for i, token in enumerate(tokens):
-            if self.done:
-                return
-            self.ids.append(token)
-            if len(self.ids) == 1:  # a Python int: the device has finished it
-                self.first_token_seconds = self.elapsed()
-            if self.on_token is not None:
-                began = time.perf_counter()
-                self.on_token(token, i < drafted)
-                self.callback_seconds += time.perf_counter() - began
-
-    def finish(self) -> Generation:
-        synchronize(self.device)
-        return Generation(self.ids, self.acceptance_lengths, self.elapsed(), self.callback_seconds,
-                          self.first_token_seconds)
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for queued GPU work, so the clock measures the work and not its launch."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 # ---------------------------------------------------------------- the model runner
 
-# The passes after the prefill, as plain functions of the models, a cache and tensors.
-# Each has a shape that does not depend on where in the sequence it runs (one token, one
-# block, context plus block, `budget + 1` tree nodes), so compiled, each compiles once per
-# process. Greedy, they return token ids; sampling, the logits, drawn outside the graph.
+# The passes after the prefill, as plain functions of the models, a cache and tensors, of shapes that do not
+# depend on where in the sequence they run. Greedy, they return token ids; sampling, the logits.
 
 
 def decode_pass(target: Qwen3, cache: KVCache, token, position, greedy: bool):
@@ -160,32 +71,27 @@ PASSES = {"decode": decode_pass, "verify": verify_pass, "draft": draft_pass}
 
 @functools.cache
 def compiled_pass(name: str, shape: tuple, backend, mode: str | None):
-    """`PASSES[name]` compiled once per process and runner shape, for every runner of that shape.
-
-    Dynamo allows one function 8 graphs, and a benchmark of several shapes, greedy and
-    sampled, needs more: so each shape compiles its own copy (a new code object, the same code).
-    """
+    """`PASSES[name]` compiled once per process and runner shape. Dynamo allows one function 8 graphs,
+    fewer than a benchmark of many shapes needs, so each shape compiles its own copy of the code."""
     function = PASSES[name]
     copy = types.FunctionType(function.__code__.replace(), function.__globals__, name, function.__defaults__)
     return torch.compile(copy, backend=backend, mode=mode, fullgraph=True, dynamic=False)
 
 
-class ModelRunner:
+class ModelRunner(TreeSteps):
     """The caches, the buffers and the passes of the loops, built once and reused across calls.
 
-    The caches' `length` says what is committed; each pass writes its chunk right after it,
-    and the loops commit (`extend`) or cut back (`trim`). Compiled, the caches are read
-    whole under a position mask (`KVCache.fixed_shape`), and every output the loop keeps
-    past the next pass is copied into a buffer the runner owns: under CUDA graphs a pass may
-    reuse the memory of the previous one's outputs. `clock`, when set, is entered as
-    `with clock(phase):` around each pass (`bench.py` times the phases so).
+    Each pass writes its chunk right after a cache's committed `length`; the loops commit (`extend`)
+    or cut back (`trim`). Compiled, every output the loop keeps past the next pass is copied into a
+    buffer the runner owns: under CUDA graphs a pass may reuse the memory of the last one's outputs.
+    `clock`, when set, is entered as `with clock(phase):` around each pass. The tree's steps: `TreeSteps`.
     """
 
     def __init__(self, target: Qwen3, drafter: Drafter | None = None, *, max_length: int,
                  block_size: int | None = None, tree_budget: int = 0, tree_top_k: int | None = None,
                  compile: bool = False, backend="inductor", mode: str | None = None, flex_attention: bool = False):
         self.target, self.drafter, self.max_length = target, drafter, max_length
-        self.block_size = block_size or (drafter.config.block_size if drafter is not None else 1)
+        self.block_size = block = block_size or (drafter.config.block_size if drafter is not None else 1)
         self.tree_budget = tree_budget  # drafted nodes per tree (0: chains only)
         # A node's r-th child needs r - 1 siblings first, so more candidates than the budget are never used.
         self.tree_top_k = min(tree_top_k or max(tree_budget, 1), target.config.vocab_size)
@@ -195,26 +101,21 @@ class ModelRunner:
         self.drafter_cache = cache_type.for_layers(drafter.config.layers, weight, max_length) if drafter else None
         self.layer_ids = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
         self.mask_token_id = drafter.config.mask_token_id if drafter is not None else 0
-        device, width, nodes = weight.device, len(self.layer_ids) * target.config.hidden_size, tree_budget + 1
-        zeros = functools.partial(torch.zeros, device=device)
-        self.block_offsets = torch.arange(self.block_size, device=device)  # a block's positions, from 0
-        self.node_offsets = torch.arange(nodes, device=device)  # a tree's cache slots, from 0
-        self.token_ids = zeros(1, 1, dtype=torch.long)  # decode's input
-        self.block_ids = zeros(1, self.block_size, dtype=torch.long)  # [last, drafts]
-        self.target_tokens = zeros(self.block_size, dtype=torch.long)  # what the last verify committed per slot
-        self.features = zeros(1, self.block_size, width, dtype=weight.dtype)  # the last verify's, for the drafter
+        width, device = len(self.layer_ids) * target.config.hidden_size, weight.device
+        ids = functools.partial(torch.zeros, dtype=torch.long, device=device)
+        self.block_offsets = torch.arange(block, device=device)  # a block's positions, from 0
+        self.token_ids, self.block_ids = ids(1, 1), ids(1, block)  # decode's input; verify's [last, drafts]
+        self.target_tokens = ids(block)  # the token the target commits after each slot
+        self.features = weight.new_zeros(1, block, width)  # the target's features there, for the next draft
         self.draft_probs: torch.Tensor | None = None  # q of the sampled draft slots, for the verdicts
-        self.draft_logprobs = zeros(self.block_size - 1, self.tree_top_k)  # the tree's candidates per slot
-        self.draft_candidates = zeros(self.block_size - 1, self.tree_top_k, dtype=torch.long)
-        self.node_tokens = zeros(nodes, dtype=torch.long)  # the target's token and features at every node
-        self.node_features = zeros(1, nodes, width, dtype=weight.dtype)
+        self.make_tree_buffers(tree_budget, self.tree_top_k, block, width, weight)
         self.compiled, self.clock, self.passes = compile, None, dict(PASSES)
         if compile:
             for cache in self.caches():
                 cache.fixed_shape = True
                 for buffer in cache.keys + cache.values:  # they never move: CUDA graphs may write into them
                     torch._dynamo.mark_static_address(buffer)
-            shape = (self.block_size, tree_budget, self.tree_top_k, max_length)  # what the passes' shapes follow
+            shape = (block, tree_budget, self.tree_top_k, max_length)  # what the passes' shapes follow
             self.passes = {name: compiled_pass(name, shape, backend, mode) for name in PASSES}
 
     def caches(self) -> list[KVCache]:
@@ -225,11 +126,8 @@ class ModelRunner:
 
     def prefill(self, prompt: torch.Tensor, sampling: Sampling | float, generator: torch.Generator | None,
                 first_token_choices: Sequence[int] | None = None) -> tuple[int, torch.Tensor]:
-        """Run the prompt (1, n) through the target, eagerly (its length changes with every prompt).
-
-        Returns the first new token (among `first_token_choices` when token healing gives
-        them) and the target's features at every prompt position (1, n, F) for the drafter.
-        """
+        """The prompt (1, n) through the target, eagerly (its length changes with every prompt): the first new
+        token (one of `first_token_choices` under token healing) and the features (1, n, F) for the drafter."""
         for cache in self.caches():
             cache.trim(0)
         positions = torch.arange(prompt.shape[1], device=prompt.device)  # (n,)
@@ -252,11 +150,8 @@ class ModelRunner:
 
     def draft(self, context_features: torch.Tensor, last_token: int, start: int, after_prefill: bool) -> torch.Tensor:
         """Guess the block after `last_token` (at position `start`): (block - 1,) ids, in the runner's buffer.
-
-        `context_features` (1, ctx, F) are the target's features where the drafter has not
-        looked yet: the prompt's right after the prefill (any length: that pass runs
-        eagerly), later the last verify's block, of which `start - drafter_cache.length` were kept.
-        """
+        `context_features` (1, ctx, F) are the target's features where the drafter has not looked yet:
+        the prompt's right after the prefill, later the last verify's block."""
         with self.timed("draft"):
             self.draft_probs = None
             self.block_ids[0, 1:] = self.run_drafter(context_features, last_token, start, after_prefill)
@@ -264,31 +159,19 @@ class ModelRunner:
 
     def draft_sampled(self, context_features: torch.Tensor, last_token: int, start: int, after_prefill: bool,
                       sampling: Sampling, sampled: int, generator: torch.Generator | None) -> torch.Tensor:
-        """As `draft`, but the first `sampled` slots are drawn from the drafter's distribution q
-        (kept in `draft_probs` for `verify`); the slots after them are its argmax."""
+        """As `draft`, but the first `sampled` slots are drawn from the drafter's distribution q (kept in
+        `draft_probs` for `verify`); the slots after them are its argmax."""
         with self.timed("draft"):
             logits = self.run_drafter(context_features, last_token, start, after_prefill, greedy=False)
             self.draft_probs = sampling.probs(logits[:sampled])  # (sampled, vocab)
             self.block_ids[0, 1:] = torch.cat([draw(self.draft_probs, generator), argmax(logits[sampled:])])
             return self.block_ids[0, 1:]
 
-    def draft_tree(self, context_features: torch.Tensor, last_token: int, start: int, after_prefill: bool):
-        """The drafter's `tree_top_k` likeliest tokens at each slot, as `draft` runs it: log-probabilities
-        and ids, (block - 1, k) each, likeliest first; slot d's are the candidates at depth d of the tree."""
-        with self.timed("draft"):
-            logprobs, ids = self.run_drafter(context_features, last_token, start, after_prefill,
-                                             tree_top_k=self.tree_top_k)
-            self.draft_logprobs.copy_(logprobs)
-            self.draft_candidates.copy_(ids)
-            return self.draft_logprobs, self.draft_candidates
-
     def run_drafter(self, context_features, last_token: int, start: int, after_prefill: bool, greedy: bool = True,
                     tree_top_k: int = 0):
         """Feed the drafter its new context and the block [last_token, MASK, ...]; commit the context it keeps.
-
-        Eager, the pass reads only the accepted context; compiled, it reads the whole last
-        block for a fixed shape, and the block it drafts overwrites the rejected tail.
-        """
+        Eager (and always after the prefill), the pass reads only the accepted context; compiled, the whole
+        last block, for a fixed shape, and the block it drafts overwrites the rejected tail."""
         committed = start - self.drafter_cache.length  # context positions accepted since the last draft
         fixed = self.compiled and not after_prefill
         if not fixed:
@@ -297,7 +180,7 @@ class ModelRunner:
                                                                      device=self.block_ids.device)
         self.block_ids[0, 0] = last_token
         self.block_ids[0, 1:] = self.mask_token_id
-        run = self.passes["draft"] if fixed else PASSES["draft"]  # the prompt's context: any length, eager
+        run = self.passes["draft"] if fixed else PASSES["draft"]
         drafted = run(self.target, self.drafter, self.drafter_cache, context_features, context_positions,
                       self.block_ids, self.block_offsets + start, greedy, tree_top_k)
         self.drafter_cache.extend(committed)  # the context is kept; the block's slots were scratch
@@ -305,10 +188,7 @@ class ModelRunner:
 
     def verify(self, drafts: torch.Tensor, sampling: Sampling | float, generator: torch.Generator | None):
         """The token the target commits after each slot of [last token, drafts] (block,), and its features.
-
-        The cache is extended over the whole block; the loop trims the rejected tail once it
-        knows how much was kept. Both results live in the runner's buffers until the next verify.
-        """
+        The cache is extended over the whole block; the loop trims the rejected tail."""
         sampling = as_sampling(sampling)
         with self.timed("verify"):
             self.block_ids[0, 1:] = drafts
@@ -318,79 +198,35 @@ class ModelRunner:
             self.target_cache.extend(self.block_size)
             if not sampling.greedy:
                 picks = verdicts(sampling.probs(picks), drafts, self.draft_probs, generator)
-            self.target_tokens.copy_(picks)
-            self.features.copy_(features)
-            return self.target_tokens, self.features
-
-    def verify_tree(self, tree: DraftTree, sampling: Sampling | float, generator: torch.Generator | None):
-        """The target's token after each node of `tree` (budget + 1,), padding nodes included.
-
-        Node i goes to cache slot start + i at position start + depth(i) and sees the committed
-        tokens, its ancestors and itself (`verify_inputs`). `keep_path` commits the chosen path.
-        """
-        sampling = as_sampling(sampling)
-        with self.timed("verify"):
-            tokens, depths, tree_mask = (t.to(self.node_offsets.device) for t in verify_inputs(tree, self.tree_budget))
-            start = self.target_cache.length
-            picks, features = self.passes["verify"](self.target, self.target_cache, self.layer_ids, tokens[None],
-                                                    depths + start, sampling.greedy, self.node_offsets + start,
-                                                    tree_mask)
-            self.node_tokens.copy_(picks if sampling.greedy else sample(picks, sampling, generator))
-            self.node_features.copy_(features)
-            return self.node_tokens
-
-    def keep_path(self, path: list[int]) -> torch.Tensor:
-        """Commit the accepted `path` (node indices, root first) of the last tree verify: its keys and
-        values move next to the committed ones, its features to the front of `features` (1, block, F),
-        where the next draft reads its context, as after a chain's verify."""
-        start, device = self.target_cache.length, self.node_offsets.device
-        self.target_cache.compact(torch.tensor(path_slots(path, start), device=device), start)
-        self.target_cache.extend(len(path))
-        self.features[:, :len(path)] = self.node_features[:, torch.tensor(path, device=device)]  # (1, path, F)
-        return self.features
+            return self.target_tokens.copy_(picks), self.features.copy_(features)
 
 
 # ------------------------------------------------------------------------ the loops
 
 
-def check_request(target: Qwen3, prompt_ids: Sequence[int], max_new_tokens: int, runner: ModelRunner | None,
-                  drafter: Drafter | None = None, block_size: int = 1, tree_budget: int = 0) -> None:
-    """Refuse, with one line and before any cache is allocated, what the models or the runner cannot serve."""
-    vocab, limit = target.config.vocab_size, target.config.max_position_embeddings
-    outside = [token for token in prompt_ids if not 0 <= token < vocab]
-    if not prompt_ids or max_new_tokens <= 0:
-        raise UsageError("the prompt is empty" if not prompt_ids else
-                         f"max_new_tokens must be positive, got {max_new_tokens}")
-    if outside:
-        raise UsageError(f"prompt token id {outside[0]} is outside the vocabulary (0..{vocab - 1})")
-    if len(prompt_ids) + max_new_tokens > limit:
-        raise UsageError(f"prompt ({len(prompt_ids)} tokens) + max_new_tokens ({max_new_tokens}) exceeds "
-                         f"the model's max_position_embeddings ({limit})")
-    if drafter is not None and not 2 <= block_size <= drafter.config.block_size:
-        raise UsageError(f"block size must be between 2 and the drafter's {drafter.config.block_size}, "
-                         f"got {block_size}")
-    chunk = max(block_size, tree_budget + 1)  # the last block or tree may reach past the output
-    if runner is not None and (block_size, tree_budget or runner.tree_budget) != (runner.block_size,
-                                                                                  runner.tree_budget):
-        raise UsageError(f"block size {block_size} and tree budget {tree_budget} differ from the runner's "
-                         f"{runner.block_size} and {runner.tree_budget}")
-    if runner is not None and len(prompt_ids) + max_new_tokens + chunk > runner.max_length:
-        raise UsageError(f"prompt ({len(prompt_ids)}) + max_new_tokens ({max_new_tokens}) + block or tree "
-                         f"({chunk}) needs more than the runner's {runner.max_length} cache slots")
-
-
 def begin(target: Qwen3, drafter: Drafter | None, prompt_ids: Sequence[int], max_new_tokens: int, runner,
           block_size: int, tree_budget: int, sampling: Sampling, generator, first_token_choices, stop_ids, on_token):
-    """What every loop does first: check the request, build a runner if none was given, prefill,
-    and commit the first new token. Returns the runner, the output, that token and the prompt's features."""
-    check_request(target, prompt_ids, max_new_tokens, runner, drafter, block_size, tree_budget)
-    runner = runner or ModelRunner(target, drafter, block_size=block_size, tree_budget=tree_budget,
-                                   max_length=len(prompt_ids) + max_new_tokens + max(block_size, tree_budget + 1))
-    device = target.embed_tokens.weight.device
+    """What every loop does first: refuse (one line, before any cache is allocated) what the models or the
+    runner cannot serve, build a runner if none was given, prefill, and commit the first new token."""
+    n, limit, device = len(prompt_ids), target.config.max_position_embeddings, target.embed_tokens.weight.device
+    slots = n + max_new_tokens + max(block_size, tree_budget + 1)  # the last block or tree may reach past the output
+    if not prompt_ids:
+        raise UsageError("the prompt is empty")
+    if not 0 < max_new_tokens <= limit - n:
+        raise UsageError(f"max_new_tokens must be positive and, with the prompt's {n} tokens, within the model's "
+                         f"max_position_embeddings ({limit}); got {max_new_tokens}")
+    check_token_ids(prompt_ids, target.config.vocab_size, "prompt")
+    if drafter is not None and not 2 <= block_size <= drafter.config.block_size:
+        raise UsageError(f"block size must be in 2..{drafter.config.block_size} (the drafter's), got {block_size}")
+    runner = runner or ModelRunner(target, drafter, block_size=block_size, tree_budget=tree_budget, max_length=slots)
+    runner_fits = (block_size, tree_budget or runner.tree_budget) == (runner.block_size, runner.tree_budget)
+    if not runner_fits or slots > runner.max_length:
+        raise UsageError(f"block size {block_size}, tree budget {tree_budget} and {slots} cache slots do not fit the "
+                         f"runner's {runner.block_size}, {runner.tree_budget} and {runner.max_length}")
     output = Output(max_new_tokens, stop_ids, on_token, device)
     prompt = torch.tensor([list(prompt_ids)], device=device)  # (1, n)
     first, features = runner.prefill(prompt, sampling, generator, first_token_choices)  # int, (1, n, F)
-    output.commit([first])  # committed, but not yet in the target's cache
+    output.commit([first], step=False)  # committed, but not yet in the target's cache
     return runner, output, first, features
 
 
@@ -399,11 +235,8 @@ def generate_autoregressive(target: Qwen3, prompt_ids: Sequence[int], max_new_to
                             sampling: Sampling | None = None, stop_ids: Sequence[int] = (), generator=None,
                             on_token: OnToken | None = None, runner: ModelRunner | None = None,
                             first_token_choices: Sequence[int] | None = None) -> Generation:
-    """The baseline: prefill the prompt, then one target pass per new token.
-
-    `sampling` (default: the plain softmax at `temperature`) says how tokens are drawn;
-    `first_token_choices` (token healing) restricts the first new token to a set.
-    """
+    """The baseline: one target pass per new token. `sampling` (default: the plain softmax at `temperature`)
+    says how tokens are drawn; `first_token_choices` (token healing) limits the first new token."""
     sampling = sampling or Sampling(temperature)
     block_size = runner.block_size if runner is not None else 1
     runner, output, token, _ = begin(target, None, prompt_ids, max_new_tokens, runner, block_size, 0, sampling,
@@ -411,7 +244,6 @@ def generate_autoregressive(target: Qwen3, prompt_ids: Sequence[int], max_new_to
     while not output.done:
         token = runner.decode(token, sampling, generator)  # the one host sync of the step
         output.commit([token])
-        output.acceptance_lengths.append(1)
     return output.finish()
 
 
@@ -423,11 +255,10 @@ def generate_dflash(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int], 
                     first_token_choices: Sequence[int] | None = None) -> Generation:
     """Speculative decoding with a DFlash drafter: draft a block, verify it, keep the agreeing prefix.
 
-    A draft is kept exactly when it equals the token the target commits at its slot
-    (`verdicts`, rejection sampling), and the target's token after the kept drafts is
-    committed too: the output is distributed exactly as `generate_autoregressive`'s, and
-    equal to it when greedy. Above temperature 0, `draft_policy` is `greedy` (the drafter's
-    argmax), `sampled` (every slot drawn from it) or `mixed:K` (the first K slots drawn).
+    A draft is kept exactly when it equals the token the target commits at its slot (`verdicts`), and
+    the target's token after the kept drafts is committed too: the output follows the law of
+    `generate_autoregressive`'s, and equals it when greedy. Above temperature 0, `draft_policy` says
+    which drafts are the drafter's argmax (`greedy`) or drawn from it (`sampled`; `mixed:K`: K slots).
     """
     sampling = sampling or Sampling(temperature)
     block_size = block_size or (runner.block_size if runner is not None else drafter.config.block_size)
@@ -436,7 +267,7 @@ def generate_dflash(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int], 
                                           sampling, generator, first_token_choices, stop_ids, on_token)
     position = len(prompt_ids)  # of `last`, the newest committed token, not yet in the target's cache
     while not output.done:
-        first = not output.acceptance_lengths  # the first draft after the prefill
+        first = not output.result.steps  # the first draft after the prefill
         drafts = (runner.draft_sampled(context, last, position, first, sampling, sampled, generator) if sampled
                   else runner.draft(context, last, position, first))  # (block - 1,)
         committed, context = runner.verify(drafts, sampling, generator)  # (block,), (1, block, F)
@@ -444,7 +275,6 @@ def generate_dflash(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int], 
         guessed, wanted = both[:block_size - 1], both[block_size - 1:]
         accepted = next((k for k, (g, w) in enumerate(zip(guessed, wanted)) if g != w), block_size - 1)
         output.commit(wanted[:accepted + 1], drafted=accepted)  # the kept drafts, then the target's own token
-        output.acceptance_lengths.append(accepted + 1)
         last, position = wanted[accepted], position + accepted + 1  # the target's token opens the next block
         runner.target_cache.trim(position)  # keep the block up to the new `last`, forget the rest: O(1)
     return output.finish()
@@ -457,10 +287,9 @@ def generate_dflash_tree(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[i
                          runner: ModelRunner | None = None, first_token_choices: Sequence[int] | None = None):
     """Speculative decoding with a tree of the `budget` continuations the drafter finds likeliest.
 
-    The target checks every node in one pass (`dflash/tree.py`); the walk keeps the path
-    along which every draft equals the target's own token, plus the target's token after it,
-    so the output is distributed exactly as `generate_autoregressive`'s (see `walk`). The
-    children are chosen, not sampled: sampled children would need a multi-draft rule.
+    The target checks every node in one pass (`dflash/tree.py`); the walk keeps the path along which
+    every draft equals the target's own token, plus the target's token after it. The children are
+    chosen, not sampled: sampled children would need a multi-draft rule.
     """
     sampling = sampling or Sampling(temperature)
     block_size = block_size or (runner.block_size if runner is not None else drafter.config.block_size)
@@ -470,13 +299,12 @@ def generate_dflash_tree(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[i
                                           sampling, generator, first_token_choices, stop_ids, on_token)
     position = len(prompt_ids)  # of `last`: the root of the next tree
     while not output.done:
-        logprobs, candidates = runner.draft_tree(context, last, position, not output.acceptance_lengths)
+        logprobs, candidates = runner.draft_tree(context, last, position, not output.result.steps)
         tree = build_tree(last, logprobs.tolist(), candidates.tolist(), budget)  # host sync 1: the tree is host-side
         target_tokens = runner.verify_tree(tree, sampling, generator).tolist()  # host sync 2: (budget + 1,)
         path = walk(tree, target_tokens)  # the accepted nodes, root first
         committed = [target_tokens[node] for node in path]  # the accepted drafts (== the target's), then its own
         output.commit(committed, drafted=len(path) - 1)
-        output.acceptance_lengths.append(len(path))
         context = runner.keep_path(path)  # the path's keys, values and features move next to the committed ones
         last, position = committed[-1], position + len(path)
     return output.finish()
@@ -490,13 +318,9 @@ examples:
   python generate.py --prompt "Mia has 14 apples. She buys 9 more. How many apples are there now?"
   python generate.py --prompt "Leo buys 3 pens that cost 4 dollars each. He pays with 20 dollars. How much change does Leo get?" --compare --tree 16
   python generate.py --prompt "Tom has 7 cards. Ana has twice as many cards as Tom. How many cards does Ana have?" --sample-from-config --draft-policy mixed:2
-  python generate.py --model weights/Qwen3-8B --draft weights/Qwen3-8B-DFlash-b16 --prompt "Explain KV caches." --compare
   python generate.py --prompt-ids 1,2,3 --model tests/fixtures/qwen3-tiny-sharded --draft tests/fixtures/dflash-tiny --json
 
-On a terminal, tokens from accepted drafts are green. --json prints one object: output_ids
-(the new tokens), text, acceptance_lengths, mean_acceptance, tokens_per_second, new_tokens,
-steps (with --compare also baseline_output_ids, baseline_tokens_per_second, speedup).
-Bad input exits with status 2.
+On a terminal, tokens from accepted drafts are green. Bad input exits with status 2.
 """
 
 
@@ -521,35 +345,22 @@ def build_parser() -> argparse.ArgumentParser:
                    help="read the caches through FlexAttention, only their filled blocks (for compiled passes on "
                         "CUDA; exact everywhere, slow uncompiled; not yet measured on a GPU)")
     add_prompt_options(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the text")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the text: output_ids, text, "
+                   "acceptance_lengths, mean_acceptance, tokens_per_second, new_tokens, steps (with --compare also "
+                   "baseline_output_ids, baseline_tokens_per_second, speedup)")
     return p
 
 
 class Printer:
-    """Streams committed tokens as text; on a terminal, accepted drafts are green.
-
-    Only the tokens since the last printed piece (and the one before, for context such as a
-    leading space) are decoded again, so printing costs the same per token however long the
-    output grows; a piece that ends inside a multi-byte character waits for the rest.
-    """
-
-    GREEN, RESET = "\033[32m", "\033[0m"
+    """Streams committed tokens as text (as ids without a tokenizer); on a terminal, accepted drafts are green."""
 
     def __init__(self, tokenizer, colour: bool, out=None):
-        self.tokenizer, self.colour, self.out = tokenizer, colour, out or sys.stdout
-        self.ids: list[int] = []
-        self.printed = self.context = 0  # ids[:printed] are shown; ids[context:printed] are decoded again
+        self.text = TextStream(tokenizer) if tokenizer is not None else None
+        self.colour, self.out = colour, out or sys.stdout
 
     def __call__(self, token: int, drafted: bool) -> None:
-        self.ids.append(token)
-        piece = f"{token} "
-        if self.tokenizer is not None:
-            known = self.tokenizer.decode(self.ids[self.context:self.printed], skip_special_tokens=True)
-            text = self.tokenizer.decode(self.ids[self.context:], skip_special_tokens=True)
-            if text.endswith("\ufffd"):  # an unfinished multi-byte character: wait for the rest
-                return
-            piece, self.context, self.printed = text[len(known):], self.printed, len(self.ids)
-        self.out.write(self.GREEN + piece + self.RESET if self.colour and drafted else piece)
+        piece = self.text.push(token) if self.text is not None else f"{token} "
+        self.out.write(f"\033[32m{piece}\033[0m" if self.colour and drafted and piece else piece)
         self.out.flush()
 
 
@@ -563,67 +374,57 @@ def run(args) -> int:
                          "(--draft-policy greedy)")
     sampling = sampling_of(args, args.model)
     target = Qwen3.from_pretrained(args.model, device=device, dtype=dtype)
-    use_draft = not args.no_draft or args.compare
-    drafter = Drafter.from_pretrained(args.draft, target=target, device=device, dtype=dtype) if use_draft else None
+    drafter = (Drafter.from_pretrained(args.draft, target=target, device=device, dtype=dtype)
+               if args.compare or not args.no_draft else None)
     tokenizer = find_tokenizer(args.model)
-    given = dict(text=args.prompt) if args.prompt_ids is None else dict(ids=args.prompt_ids)
-    prompt = Prompt("--prompt" if args.prompt_ids is None else "--prompt-ids", **given)
+    prompt = (Prompt("--prompt", text=args.prompt) if args.prompt_ids is None
+              else Prompt("--prompt-ids", ids=args.prompt_ids))
     prompt_ids, choices = encode_for_generation(prompt, tokenizer, args.chat, args.thinking, args.token_healing)
     block_size = (args.block_size or drafter.config.block_size) if drafter is not None else 1
     sampled_slots(args.draft_policy, block_size, sampling)  # a bad policy is refused before any work
     compile = device.type == "cuda" if args.compile is None else args.compile
-    chunk = max(block_size, args.tree + 1)  # what the last step may write past the output
-    runner = ModelRunner(target, drafter, max_length=len(prompt_ids) + args.max_new_tokens + chunk,
-                         block_size=block_size, tree_budget=args.tree, compile=compile,
+    runner = ModelRunner(target, drafter, block_size=block_size, tree_budget=args.tree, compile=compile,
+                         max_length=len(prompt_ids) + args.max_new_tokens + max(block_size, args.tree + 1),
                          mode="reduce-overhead" if device.type == "cuda" else None, flex_attention=args.flex_attention)
-    options = dict(sampling=sampling, stop_ids=stop_token_ids(args.model, tokenizer), runner=runner,
-                   first_token_choices=choices)
-
-    def baseline(on_token=None, max_new_tokens=args.max_new_tokens):
-        generator = torch.Generator(device).manual_seed(args.seed)
-        return generate_autoregressive(target, prompt_ids, max_new_tokens, generator=generator, on_token=on_token,
-                                       **options)
-
-    def dflash(on_token=None, max_new_tokens=args.max_new_tokens):
-        generator = torch.Generator(device).manual_seed(args.seed)
-        if args.tree:
-            return generate_dflash_tree(target, drafter, prompt_ids, max_new_tokens, budget=args.tree,
-                                        generator=generator, on_token=on_token, **options)
-        return generate_dflash(target, drafter, prompt_ids, max_new_tokens, draft_policy=args.draft_policy,
-                               generator=generator, on_token=on_token, **options)
-
-    names = {baseline: "baseline", dflash: f"DFlash tree {args.tree}" if args.tree else "DFlash"}
-    loops = ([baseline] if args.compare or drafter is None else []) + ([dflash] if drafter is not None else [])
+    common = dict(sampling=sampling, stop_ids=stop_token_ids(args.model, tokenizer), runner=runner,
+                  first_token_choices=choices)
+    loops = {}  # name -> the loop, given max_new_tokens and the rest
+    if args.compare or drafter is None:
+        loops["baseline"] = functools.partial(generate_autoregressive, target, prompt_ids, **common)
+    if drafter is not None and args.tree:
+        loops[f"DFlash tree {args.tree}"] = functools.partial(generate_dflash_tree, target, drafter, prompt_ids,
+                                                              budget=args.tree, **common)
+    elif drafter is not None:
+        loops["DFlash"] = functools.partial(generate_dflash, target, drafter, prompt_ids,
+                                            draft_policy=args.draft_policy, **common)
     began = time.perf_counter()  # a short run of each loop first, outside the measured time: the first call
-    for loop in loops:  # pays one-time costs (allocations, kernel choice; compiling and recording CUDA graphs)
-        loop(max_new_tokens=min(args.max_new_tokens, 2 * block_size + 2))
+    for loop in loops.values():  # pays one-time costs (allocations, kernel choice; compiling, recording graphs)
+        loop(min(args.max_new_tokens, 2 * block_size + 2), generator=torch.Generator(device).manual_seed(args.seed))
     warm_up, results = time.perf_counter() - began, {}
-    for loop in loops:
-        if not args.json and args.compare:
-            print(f"--- {names[loop]}")
-        results[loop] = loop(on_token=None if args.json else Printer(tokenizer, sys.stdout.isatty()))
+    for name, loop in loops.items():
+        if args.compare and not args.json:
+            print(f"--- {name}")
+        results[name] = loop(args.max_new_tokens, generator=torch.Generator(device).manual_seed(args.seed),
+                             on_token=None if args.json else Printer(tokenizer, sys.stdout.isatty()))
         print("" if args.json else "\n", end="")
-    final = results[loops[-1]]
-    speedup = final.tokens_per_second / max(results[baseline].tokens_per_second, 1e-9) if args.compare else None
+    final, slow = list(results.values())[-1], results.get("baseline")
+    speedup = final.tokens_per_second / max(slow.tokens_per_second, 1e-9) if args.compare else None
     if args.json:
         text = tokenizer.decode(final.new_ids, skip_special_tokens=True) if tokenizer is not None else ""
         report = dict(output_ids=final.new_ids, text=text, acceptance_lengths=final.acceptance_lengths,
                       mean_acceptance=final.mean_acceptance, tokens_per_second=final.tokens_per_second,
                       new_tokens=final.new_tokens, steps=final.steps)
         if args.compare:
-            report.update(baseline_output_ids=results[baseline].new_ids, speedup=speedup,
-                          baseline_tokens_per_second=results[baseline].tokens_per_second)
+            report.update(baseline_output_ids=slow.new_ids, baseline_tokens_per_second=slow.tokens_per_second,
+                          speedup=speedup)
         print(json.dumps(report))
         return 0
     print(f"[device {device}, {str(dtype).removeprefix('torch.')}, batch 1, compile {'on' if compile else 'off'}, "
           f"{sampling}, warm-up {warm_up:.1f} s]", file=sys.stderr)
-    for loop, result in results.items():
-        line = f"{names[loop]}: {result.new_tokens} new tokens in {result.seconds:.2f} s, " \
-               f"{result.tokens_per_second:.1f} tokens/s"
-        if loop is dflash:
-            line += (f", {result.steps} steps, tau {result.mean_acceptance:.2f}, "
-                     f"acceptance histogram (1..{block_size}) {result.histogram(block_size)}")
-        print(line, file=sys.stderr)
+    for name, result in results.items():
+        print(f"{name}: {result.new_tokens} new tokens in {result.seconds:.2f} s, {result.tokens_per_second:.1f} "
+              "tokens/s" + ("" if name == "baseline" else f", {result.steps} steps, tau {result.mean_acceptance:.2f}, "
+                            f"acceptance histogram (1..{block_size}) {result.histogram(block_size)}"), file=sys.stderr)
     if args.compare:
         print(f"speedup: {speedup:.2f}x", file=sys.stderr)
     return 0

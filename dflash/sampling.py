@@ -40,6 +40,15 @@ class Sampling:
     def greedy(self) -> bool:
         return self.temperature == 0
 
+    @property
+    def filters(self) -> str:
+        """The filters in use, as tables name them: `k20 p0.8`, or '' for none."""
+        named = (("k", self.top_k, 0), ("p", self.top_p, 1.0), ("min_p", self.min_p, 0.0))
+        return " ".join(f"{name}{value:g}" for name, value, off in named if value != off)
+
+    def __str__(self) -> str:
+        return f"T={self.temperature:g} {self.filters}".rstrip()
+
     def probs(self, logits: torch.Tensor) -> torch.Tensor:
         """The distribution (..., vocab) a token is drawn from, in float64 (exact sums over 150,000 tokens)."""
         probs = torch.softmax(logits.double() / self.temperature, dim=-1)  # (..., vocab)

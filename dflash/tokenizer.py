@@ -178,6 +178,25 @@ class Tokenizer:
         return self.encode(self.apply_chat_template(messages, add_generation_prompt, enable_thinking))
 
 
+class TextStream:
+    """Token ids in, one at a time; the text each adds out. Only the newest ids are decoded again (with the
+    one before, for context such as a leading space), so each costs the same however long the text grows."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.ids = tokenizer, []
+        self.shown = self.context = 0  # ids[:shown] have given their text; ids[context:] are decoded again
+
+    def push(self, token: int) -> str:
+        """The text `token` completes: '' while it ends inside a multi-byte character."""
+        self.ids.append(token)
+        known, text = (self.tokenizer.decode(self.ids[self.context:end], skip_special_tokens=True)
+                       for end in (self.shown, len(self.ids)))
+        if text.endswith("\ufffd"):  # an unfinished character: wait for the rest
+            return ""
+        self.context, self.shown = self.shown, len(self.ids)
+        return text[len(known):]
+
+
 def load_tokenizer(folder: str | Path) -> Tokenizer:
     """The tokenizer and stop tokens a checkpoint folder describes; a TokenizerError names the file."""
     folder = Path(folder)

@@ -10,14 +10,14 @@ import torch
 
 import bench
 import bench_common
-from generate import acceptance_histogram, per_position_acceptance
+from dflash.results import Generation, acceptance_histogram, per_position_acceptance
 from bench import (BenchPrompt, Loops, Run, distinct_ngram_ratio, efficiency, ideal_speedup,
                    is_degenerate, loop_figures, summarize_row)
 from dflash.cli import UsageError
 from dflash.sampling import Sampling
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
-from generate import Generation, ModelRunner
+from generate import ModelRunner
 
 FIXTURES = Path(__file__).parent / "fixtures"
 TARGET, DRAFTER = FIXTURES / "qwen3-tiny-sharded", FIXTURES / "dflash-tiny"  # the drafter's block: 8

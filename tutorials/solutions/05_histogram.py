@@ -14,7 +14,8 @@ from dflash.drafter import Drafter
 from dflash.prompts import encode_for_generation, read_prompts
 from dflash.qwen3 import Qwen3
 from dflash.tokenizer import load_tokenizer
-from generate import Generation, acceptance_histogram, generate_dflash, per_position_acceptance
+from dflash.results import Generation, acceptance_histogram, per_position_acceptance
+from generate import generate_dflash
 
 torch.set_grad_enabled(False)
 torch.set_num_threads(1)  # tiny models: one thread is as fast, and far steadier on a busy shared machine

@@ -1,0 +1,87 @@
+"""The record of a decoding call: the tokens it commits (at most a limit, none after a stop token), how many
+each step accepted, how long it took; and the acceptance statistics computed from it."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+OnToken = Callable[[int, bool], None]  # (token id, came from an accepted draft)
+
+
+def acceptance_histogram(acceptance_lengths: Sequence[int], block_size: int) -> list[int]:
+    """How many steps accepted 1, 2, ..., block_size tokens."""
+    return [list(acceptance_lengths).count(accepted) for accepted in range(1, block_size + 1)]
+
+
+def per_position_acceptance(acceptance_lengths: Sequence[int], block_size: int) -> list[float | None]:
+    """For draft slots k = 1..B-1, how often slot k was kept once reached (a step of length L reaches k <= L)."""
+    reached = [sum(length >= slot for length in acceptance_lengths) for slot in range(1, block_size)]
+    kept = [sum(length > slot for length in acceptance_lengths) for slot in range(1, block_size)]
+    return [k / r if r else None for k, r in zip(kept, reached)]
+
+
+@dataclass
+class Generation:
+    """What one call produced, and how fast. Each target pass after the prefill is a step, which committed
+    `acceptance_lengths[i]` tokens (kept drafts + the target's own: 1 in the plain loop)."""
+
+    new_ids: list[int]
+    acceptance_lengths: list[int]
+    seconds: float  # without the time spent in `on_token` (printing)
+    callback_seconds: float = 0.0
+    first_token_seconds: float = 0.0  # the prefill and the first sampling
+
+    new_tokens = property(lambda self: len(self.new_ids))
+    steps = property(lambda self: len(self.acceptance_lengths))
+    tokens_per_second = property(lambda self: self.new_tokens / self.seconds if self.seconds > 0 else 0.0)
+    mean_acceptance = property(lambda self: sum(self.acceptance_lengths) / self.steps if self.steps else 0.0)  # tau
+
+    def histogram(self, block_size: int) -> list[int]:
+        return acceptance_histogram(self.acceptance_lengths, block_size)
+
+
+class Output:
+    """Builds a loop's `Generation`: at most `limit` tokens, none after a stop token, timed from creation
+    without the time spent in `on_token`."""
+
+    def __init__(self, limit: int, stop_ids: Sequence[int], on_token: OnToken | None, device: torch.device):
+        self.limit, self.stop_ids, self.on_token, self.device = limit, set(stop_ids), on_token, device
+        self.result = Generation([], [], 0.0)
+        synchronize(device)  # earlier queued GPU work is not ours to time
+        self.began = time.perf_counter()
+
+    @property
+    def done(self) -> bool:
+        ids = self.result.new_ids
+        return len(ids) == self.limit or bool(ids) and ids[-1] in self.stop_ids
+
+    def commit(self, tokens: list[int], drafted: int = 0, step: bool = True) -> None:
+        """Record a step (or the prefill) that committed `tokens`, of which the first `drafted` were drafts."""
+        result = self.result
+        if step:
+            result.acceptance_lengths.append(len(tokens))  # counted whole, even past the limit
+        for i, token in enumerate(tokens):
+            if self.done:
+                break
+            result.new_ids.append(token)
+            if self.on_token is not None:
+                began = time.perf_counter()
+                self.on_token(token, i < drafted)
+                result.callback_seconds += time.perf_counter() - began
+        result.seconds = time.perf_counter() - self.began - result.callback_seconds  # so far: the ids are on the host
+        result.first_token_seconds = result.first_token_seconds or result.seconds
+
+    def finish(self) -> Generation:
+        synchronize(self.device)
+        self.result.seconds = time.perf_counter() - self.began - self.result.callback_seconds
+        return self.result
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so the clock measures the work and not its launch."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
