@@ -1,17 +1,15 @@
 """Train a DFlash drafter for a frozen Qwen3 target, from scratch.
 
-The recipe, in the order of this file. The data (`make_data.py`) is the target's own
-answers to prompts, since the drafter must predict what *this* target says. The frozen
-target reads each sequence once and hands over its hidden states after
-`target_layer_ids`: the drafter's context, as at inference. Each step picks fresh
-anchors a inside the answers; anchor a makes the block [x_a, MASK, ..., MASK] at
-positions a..a+B-1, what the drafter sees right after x_a is verified. All blocks of
-a sequence run in one forward, each seeing the context strictly before its anchor and
-all of itself (`AnchoredBlocks`). Slot k predicts x_{a+k} through the target's LM head,
-weighted exp(-(k-1)/gamma): a draft is only accepted up to its first miss.
+The recipe first. The data (`make_data.py`) is the target's own answers, since the drafter must predict what
+*this* target says. The frozen target reads each sequence once; its hidden states after `target_layer_ids` are
+the drafter's context, as at inference. Each step picks fresh anchors a inside the answers: the block [x_a, MASK,
+..., MASK] at positions a..a+B-1 is what the drafter sees right after x_a is verified. All blocks of a sequence
+run in one forward, each seeing the context strictly before its anchor and all of itself (`AnchoredBlocks`).
+Slot k predicts x_{a+k} through the target's LM head, weighted exp(-(k-1)/gamma): a draft is only accepted up to
+its first miss.
 
-Then the loop: step, log, checkpoint, evaluate by real speculative decoding. Only the
-drafter trains; torchrun runs it data-parallel. At scale: docs/training.md.
+Then the loop: step, log, checkpoint, evaluate by real speculative decoding. Only the drafter trains; torchrun
+runs it data-parallel. At scale: docs/training.md.
 """
 
 from __future__ import annotations
@@ -28,6 +26,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
 from dflash.cli import OneLineErrors, UsageError, add_device_options, int_list, jsonl_records, pick_dtype, run_cli
@@ -36,30 +35,21 @@ from dflash.prompts import PROMPT_FORMAT
 from dflash.qwen3 import Qwen3, Qwen3Config
 from dflash.tokenizer import find_tokenizer, stop_token_ids
 from dflash.train_kernels import AnchoredBlocks, chunked_lm_head_loss
-from dflash.training import (Distributed, batch_indices, cosine_with_warmup, distributed_run, every, forget_log_after,
+from dflash.training import (Distributed, batch_indices, cosine_with_warmup, distributed_run, forget_log_after,
                              load_training_state, optimizer_step, prepare_run_folder, refuse_changes, restore_snapshot,
                              save_training_state, snapshot, steps_per_epoch, stop_on_signals, unwrap, wrap_for_training)
 from generate import generate_dflash
 from make_data import encode_prompts
 
 IGNORE = -100  # cross_entropy's ignore_index: this slot has no label
-
-
-# What a --resume may change: when to stop, what to log and evaluate, where to run. Every other option shapes the
-# result, so it must be what the run saved (`load_resume_state`).
+# What --resume may change: when to stop, what to log and evaluate, where to run. The rest must be as saved.
 MAY_CHANGE_ON_RESUME = ("resume", "force", "minutes", "stop_at", "eval_prompts", "eval_every",
                         "eval_max_new_tokens", "save_every", "save_every_minutes", "log_every", "device")
 
 
-# ------------------------------------------------- anchors, blocks, labels, weights
-
-
 def valid_anchor_positions(loss_mask: torch.Tensor) -> torch.Tensor:
-    """Positions a (of one sequence) where inference drafts a block: x_a and x_{a+1} are both answer tokens.
-
-    The prefill yields the answer's first token, so no block starts at the prompt's last
-    one; and slot 1 must be an answer token, or the block has nothing to learn.
-    """
+    """Positions a (of one sequence) where inference drafts a block: x_a and x_{a+1} are both answer tokens
+    (the prefill yields the first answer token, so no block starts at the prompt's last one)."""
     answer = loss_mask == 1
     return (answer[:-1] & answer[1:]).nonzero()[:, 0]  # (n,): a such that a + 1 < S
 
@@ -74,19 +64,15 @@ def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.G
 def batch_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator):
     """Anchors for every row, padded to the batch's largest count: (batch, K) positions and (batch, K) is-real."""
     per_row = [sample_anchors(row.cpu(), num_anchors, generator) for row in loss_mask]
-    count = max(len(a) for a in per_row)
-    anchors = torch.zeros(len(per_row), count, dtype=torch.long)  # (batch, K); padding blocks sit at 0
-    real = torch.zeros(len(per_row), count, dtype=torch.bool)  # (batch, K)
-    for row, picked in enumerate(per_row):
-        anchors[row, : len(picked)], real[row, : len(picked)] = picked, True
+    anchors = pad_sequence(per_row, batch_first=True)  # (batch, K); padding blocks sit at 0
+    real = pad_sequence([torch.ones(len(a), dtype=torch.bool) for a in per_row], batch_first=True)  # (batch, K)
     return anchors.to(loss_mask.device), real.to(loss_mask.device)
 
 
 def block_positions(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
     """Block j occupies positions a_j .. a_j+B-1: (batch, K*B)."""
-    batch, count = anchors.shape
     offsets = torch.arange(block_size, device=anchors.device)
-    return (anchors[:, :, None] + offsets).reshape(batch, count * block_size)  # (batch, K, B) -> (batch, K*B)
+    return (anchors[:, :, None] + offsets).flatten(1)  # (batch, K, B) -> (batch, K*B)
 
 
 def block_input_ids(input_ids: torch.Tensor, anchors: torch.Tensor, block_size: int, mask_token_id: int):
@@ -94,15 +80,13 @@ def block_input_ids(input_ids: torch.Tensor, anchors: torch.Tensor, block_size: 
     batch, count = anchors.shape
     blocks = torch.full((batch, count, block_size), mask_token_id, dtype=torch.long, device=anchors.device)
     blocks[:, :, 0] = input_ids.gather(1, anchors)  # (batch, K): the known token
-    return blocks.reshape(batch, count * block_size)  # (batch, K, B) -> (batch, K*B)
+    return blocks.flatten(1)  # (batch, K, B) -> (batch, K*B)
 
 
 def block_labels(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor, real: torch.Tensor,
                  block_size: int) -> torch.Tensor:
-    """Slot k of the block at a is labelled x_{a+k}, at the same position (no shift): (batch, K*B).
-
-    IGNORE where there is no loss: slot 0 (the known token), past the end, outside the loss mask, padding blocks.
-    """
+    """Slot k of the block at a is labelled x_{a+k}, at the same position (no shift): (batch, K*B); IGNORE for
+    slot 0 (the known token), past the end, outside the loss mask and in padding blocks."""
     length = input_ids.shape[1]
     positions = block_positions(anchors, block_size)  # (batch, K*B)
     clamped = positions.clamp(max=length - 1)
@@ -114,11 +98,9 @@ def block_labels(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torc
 
 def gamma_for_block_size(block_size: int) -> float:
     """The paper's decay: 7 for B=16, 5 for B=10, 4 for B=8; linear in between, proportional outside."""
-    if block_size < 8:
-        return block_size / 2
-    if block_size > 16:
-        return 7.0 * block_size / 16
-    return float(np.interp(block_size, [8, 10, 16], [4.0, 5.0, 7.0]))
+    if 8 <= block_size <= 16:
+        return float(np.interp(block_size, [8, 10, 16], [4.0, 5.0, 7.0]))
+    return block_size / 2 if block_size < 8 else 7.0 * block_size / 16
 
 
 def slot_weights(block_size: int, gamma: float) -> torch.Tensor:
@@ -128,17 +110,11 @@ def slot_weights(block_size: int, gamma: float) -> torch.Tensor:
     return weights
 
 
-# --------------------------------------------------------------------- the loss
-
-
 def drafter_loss(target: Qwen3, drafter: nn.Module, input_ids: torch.Tensor, loss_mask: torch.Tensor,
                  anchors: torch.Tensor, real: torch.Tensor, config: DrafterConfig, weights: torch.Tensor,
                  loss_chunk_size: int = 512, dense_attention: bool = False):
-    """Weighted cross-entropy of every block slot: (loss, correct (B,), counted (B,)) for the logs.
-
-    All blocks run in one forward under the `AnchoredBlocks` pattern. `dense_attention` and
-    `loss_chunk_size` 0 take the dense ways: the references the fast ones are tested against.
-    """
+    """Weighted cross-entropy of every block slot: (loss, correct (B,), counted (B,)) for the logs. `dense_attention`
+    and `loss_chunk_size` 0 take the dense ways, the references the fast ones are tested against."""
     block_size = config.block_size
     with torch.no_grad():  # the frozen target: its features are an input, not part of the graph
         _, features = target(input_ids, capture_layers=config.target_layer_ids,  # (batch, S, layers * hidden)
@@ -161,17 +137,10 @@ def drafter_loss(target: Qwen3, drafter: nn.Module, input_ids: torch.Tensor, los
 
 
 def estimated_tau(correct: torch.Tensor, counted: torch.Tensor) -> float:
-    """A cheap stand-in for tau: 1 + sum_k prod_{i<=k} acc_i over slots 1..B-1.
-
-    It multiplies unconditional accuracies as if hits were independent, so it is a trend, not a
-    tau: a slot's hits count even after an earlier miss, real blocks start right after a miss, and
-    training answers flatter it. On the demo pair it overestimates (tutorial 04, section 7).
-    """
+    """A cheap stand-in for tau, 1 + sum_k prod_{i<=k} acc_i over slots 1..B-1: a trend, not a tau, since it treats
+    hits as independent and real blocks start right after a miss (tutorial 04, section 7, measures the gap)."""
     accuracy = correct[1:] / counted[1:].clamp(min=1)
     return 1.0 + torch.cumprod(accuracy, dim=0).sum().item()
-
-
-# ------------------------------------------------------- the data and the models
 
 
 def load_sequences(path: Path, max_seq_len: int, vocab_size: int) -> list[tuple[list[int], list[int]]]:
@@ -194,21 +163,19 @@ def load_sequences(path: Path, max_seq_len: int, vocab_size: int) -> list[tuple[
 
 def collate(sequences: list[tuple[list[int], list[int]]], device) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-pad to the longest: (batch, S) ids and loss mask. Padding has mask 0: no anchor or label reaches it."""
-    longest = max(len(ids) for ids, _ in sequences)
-    input_ids = torch.zeros(len(sequences), longest, dtype=torch.long)  # (batch, S)
-    loss_mask = torch.zeros(len(sequences), longest, dtype=torch.long)  # (batch, S)
-    for row, (ids, mask) in enumerate(sequences):
-        input_ids[row, : len(ids)], loss_mask[row, : len(mask)] = torch.tensor(ids), torch.tensor(mask)
+    input_ids = pad_sequence([torch.tensor(ids) for ids, _ in sequences], batch_first=True)  # (batch, S)
+    loss_mask = pad_sequence([torch.tensor(mask) for _, mask in sequences], batch_first=True)  # (batch, S)
     return input_ids.to(device), loss_mask.to(device)
 
 
 def build_drafter_config(cfg: TrainConfig, target: Qwen3Config, tokenizer) -> DrafterConfig:
     """The drafter's shape: the target's width (its features and embeddings feed it), its depth our choice."""
-    mask_token_id = cfg.mask_token_id if cfg.mask_token_id is not None else \
-        default_mask_token_id(tokenizer, target.vocab_size)
-    if not 0 <= mask_token_id < target.vocab_size:
-        raise UsageError(f"--mask-token-id {mask_token_id} is outside the target's vocabulary "
-                         f"(0..{target.vocab_size - 1})")
+    if cfg.mask_token_id is not None:  # check_fits refuses one outside the vocabulary
+        mask_token_id = cfg.mask_token_id
+    elif tokenizer is not None and tokenizer.mask_token_id is not None:
+        mask_token_id = tokenizer.mask_token_id
+    else:  # the first id past the tokenizer's, as the released drafters use; else the last embedding row
+        mask_token_id = min(tokenizer.vocab_size if tokenizer is not None else target.vocab_size, target.vocab_size - 1)
     layers = Qwen3Config(
         vocab_size=target.vocab_size, hidden_size=target.hidden_size, num_hidden_layers=cfg.drafter_layers,
         intermediate_size=cfg.intermediate_size or target.intermediate_size,
@@ -225,27 +192,16 @@ def build_drafter_config(cfg: TrainConfig, target: Qwen3Config, tokenizer) -> Dr
     return config
 
 
-def default_mask_token_id(tokenizer, vocab_size: int) -> int:
-    """The tokenizer's <|mask|>, else the first id past its vocabulary (as the released drafters use), else
-    (no tokenizer, or no embedding row past it) the last embedding row."""
-    if tokenizer is not None and tokenizer.mask_token_id is not None:
-        return tokenizer.mask_token_id
-    if tokenizer is not None and tokenizer.vocab_size < vocab_size:
-        return tokenizer.vocab_size
-    return vocab_size - 1
-
-
-def init_drafter(drafter: Drafter, seed: int) -> None:
-    """Linear weights ~ N(0, 0.02), norms 1, biases 0: the Qwen3 initialisation, from a seeded generator."""
+def init_drafter(drafter: Drafter, seed: int) -> Drafter:
+    """Linear weights ~ N(0, 0.02) and norms 1 (it has no biases): the Qwen3 initialisation, seeded."""
     generator = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in drafter.named_parameters():
             if name.endswith("norm.weight"):
                 parameter.fill_(1.0)
-            elif name.endswith(".bias"):
-                parameter.zero_()
             else:
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
+    return drafter
 
 
 def freeze(target: Qwen3) -> Qwen3:
@@ -253,22 +209,15 @@ def freeze(target: Qwen3) -> Qwen3:
     return target.requires_grad_(False).eval()
 
 
-# -------------------------------------------------- evaluation and checkpoints
-
-
-def evaluate_tau(target: Qwen3, drafter: Drafter, prompts: list[list[int]], max_new_tokens: int,
-                 block_size: int, stop_ids: Sequence[int],
-                 first_token_choices: Sequence[list[int] | None] | None = None) -> tuple[float, float]:
+def evaluate_tau(target: Qwen3, drafter: Drafter, prompts: list[list[int]], max_new_tokens: int, block_size: int,
+                 stop_ids: Sequence[int], first_token_choices: Sequence | None = None) -> tuple[float, float]:
     """Real speculative decoding, greedy: (tokens committed, verification steps) over the prompts; tau = their ratio.
-
-    The drafter runs in the target's dtype, as in use, with RoPE's frequencies in float32 as loading keeps them.
-    `first_token_choices[i]` restricts prompt i's first new token (token healing).
-    """
+    The drafter runs in the target's dtype, as in use; `first_token_choices[i]` heals prompt i's first token."""
     weight = target.embed_tokens.weight
     copy = Drafter(drafter.config).to(device=weight.device)
     copy.load_state_dict(drafter.state_dict())
     copy = copy.to(dtype=weight.dtype).eval()
-    copy.rotary.inv_freq = copy.rotary.inverse_frequencies(weight.device)  # `.to(bf16)` rounded them
+    copy.rotary.inv_freq = copy.rotary.inverse_frequencies(weight.device)  # float32, as loading keeps them
     tokens = steps = 0
     for prompt, choices in zip(prompts, first_token_choices or [None] * len(prompts)):
         result = generate_dflash(target, copy, prompt, max_new_tokens, block_size=block_size, stop_ids=stop_ids,
@@ -277,42 +226,17 @@ def evaluate_tau(target: Qwen3, drafter: Drafter, prompts: list[list[int]], max_
     return float(tokens), float(steps)
 
 
-def save_checkpoint(out: Path, drafter_config: DrafterConfig, state: dict) -> None:
-    """The drafter in the released DFlash layout, and `training_state.pt` (weights included, so that a crash
-    between the two atomic writes never pairs one step's weights with another step's optimizer)."""
-    release = Drafter(drafter_config)
-    release.load_state_dict(state["model"])
-    release.save_pretrained(out)
-    save_training_state(out / "training_state.pt", state)
-
-
-def load_resume_state(out: Path, target: Qwen3Config, cfg: TrainConfig, drafter: DrafterConfig) -> dict:
-    """`training_state.pt`, if it continues this run: the same target, options and drafter.
-
-    The drafter's config is compared too: what it is conditioned on (target layers, mask
-    token) can also change through a default or the tokenizer, not only through an option.
-    """
-    path = out / "training_state.pt"
-    state = load_training_state(path)
-    refuse_changes(state["target_config"], asdict(target), f"{path}: trained for another target:")
-    refuse_changes(state["train_config"], vars(cfg), "--resume: the option", MAY_CHANGE_ON_RESUME)
-    refuse_changes(state["drafter_config"], drafter.to_dict(), "--resume: the drafter's")
-    return state
-
-
-# ---------------------------------------------------------------------- the loop
+# ------------------------------------------------------------------ the loop
 
 
 def train(cfg: TrainConfig, place: Distributed) -> dict:
-    """Train (or resume) in this process's place of the job; return the last log record.
-
-    When due: a log record (pooled over processes), a checkpoint, an evaluation, in that
-    order, so that a failing evaluation never loses the run. Ctrl-C or SIGTERM ends the
-    step under way and saves; the record then names the signal (`stopped_by`).
-    """
+    """Train (or resume) in this process's place of the job; return the last log record. When due: a log record,
+    a checkpoint, an evaluation, in that order, so that a failing evaluation never loses the run. Ctrl-C or
+    SIGTERM ends the step under way and saves; the record then names the signal (`stopped_by`)."""
     out, device = Path(cfg.out), place.device
+    state_path, log_path = out / "training_state.pt", out / "train_log.jsonl"
     if place.main:
-        prepare_run_folder(out, cfg.resume, cfg.force, outputs=("train_log.jsonl", "training_state.pt"))
+        prepare_run_folder(out, cfg.resume, cfg.force, outputs=(log_path.name, state_path.name))
     target = freeze(Qwen3.from_pretrained(cfg.target, device=device, dtype=pick_dtype(cfg.dtype, device)))
     tokenizer_folder = Path(cfg.tokenizer or cfg.target)
     tokenizer = find_tokenizer(tokenizer_folder, required=cfg.tokenizer is not None)
@@ -322,22 +246,25 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
     # This process's share of the held-out prompts, rendered (and healed) as make_data.py renders its own.
     prompts = encode_prompts(Path(cfg.eval_prompts), tokenizer, None, False, not cfg.no_token_healing,
                              target.config.vocab_size)[place.rank::place.world] if cfg.eval_prompts else []
-    drafter = Drafter(config)
-    init_drafter(drafter, cfg.seed)
+    drafter = init_drafter(Drafter(config), cfg.seed)
     drafter.recompute_layers = not cfg.keep_activations
     model = wrap_for_training(drafter.to(device).train(), place, cfg.fsdp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     total_steps = cfg.steps or cfg.epochs * steps_per_epoch(len(sequences), cfg.batch_size, place.world)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_with_warmup(total_steps, cfg.warmup))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: cosine_with_warmup(step, total_steps, cfg.warmup))
     anchor_generator = torch.Generator().manual_seed(cfg.seed * 7919 + place.rank)
     weights = slot_weights(cfg.block_size, cfg.gamma or gamma_for_block_size(cfg.block_size))
     step, elapsed_before = 0, 0.0
-    if cfg.resume:
-        state = load_resume_state(out, target.config, cfg, config)
+    if cfg.resume:  # the same target, options and drafter (a default or the tokenizer may change the drafter too)
+        state = load_training_state(state_path)
+        refuse_changes(state["target_config"], asdict(target.config), f"{state_path}: trained for another target:")
+        refuse_changes(state["train_config"], vars(cfg), "--resume: the option", MAY_CHANGE_ON_RESUME)
+        refuse_changes(state["drafter_config"], config.to_dict(), "--resume: the drafter's")
         restore_snapshot(state, model, optimizer, scheduler, place, cfg.fsdp, anchors=anchor_generator)
         step, elapsed_before = state["step"], state["elapsed"]
         if place.main:
-            forget_log_after(out / "train_log.jsonl", step)
+            forget_log_after(log_path, step)
 
     began = last_save = time.perf_counter()
     sums = torch.zeros(3, cfg.block_size, device=device)  # since the last log line: loss at [0, 0], hits, counts
@@ -352,7 +279,8 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
                 loss, correct, counted = drafter_loss(target, model, input_ids, loss_mask, anchors, real, config,
                                                       weights, cfg.loss_chunk_size, cfg.dense_attention)
-            optimizer_step(loss, model, optimizer, cfg.grad_clip, scheduler)
+            optimizer_step(loss, model, optimizer, cfg.grad_clip)
+            scheduler.step()
             step, steps_since_log = step + 1, steps_since_log + 1
             tokens_seen += sum(len(ids) for ids, _ in batch)
             sums[0, 0] += loss.detach()
@@ -365,42 +293,40 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
                 cfg.save_every_minutes > 0 and time.perf_counter() - last_save >= 60 * cfg.save_every_minutes)
             stopping = step in (total_steps, cfg.stop_at) or out_of_time or signaled
             evaluating = bool(cfg.eval_prompts) and not signaled and (
-                step == total_steps or every(step, cfg.eval_every))
-            logging = every(step, cfg.log_every) or stopping or evaluating
-            if logging:
-                record = pooled_record(place, sums, steps_since_log, step, scheduler.get_last_lr()[0],
-                                       elapsed_before + seconds)
+                step == total_steps or (cfg.eval_every > 0 and step % cfg.eval_every == 0))
+            logging = step % cfg.log_every == 0 or stopping or evaluating
+            if logging:  # pooled over all processes
+                totals = place.sum(sums.clone())  # (3, B): the loss at [0, 0], hits per slot, labelled slots per slot
+                accuracy = (totals[1, 1:] / totals[2, 1:].clamp(min=1)).tolist()
+                record = {"step": step, "loss": totals[0, 0].item() / place.world / steps_since_log,
+                          "slot_accuracy": [round(a, 4) for a in accuracy],
+                          "tau_estimate": round(estimated_tau(totals[1], totals[2]), 4),
+                          "lr": scheduler.get_last_lr()[0], "elapsed": round(elapsed_before + seconds, 2)}
+                sums.zero_()
                 steps_since_log = 0
-            if stopping or every(step, cfg.save_every) or save_by_clock:  # before evaluating, which may fail
+            if stopping or save_by_clock or (cfg.save_every > 0 and step % cfg.save_every == 0):
                 state = snapshot(model, optimizer, scheduler, place, cfg.fsdp, anchors=anchor_generator)
                 last_save = time.perf_counter()
-                if place.main:
-                    save_checkpoint(out, config, {**state, "step": step, "elapsed": elapsed_before + seconds,
-                                                  "target_config": asdict(target.config), "train_config": vars(cfg),
-                                                  "drafter_config": config.to_dict()})
+                if place.main:  # the weights twice: a crash between the writes never pairs two steps' states
+                    release = Drafter(config)
+                    release.load_state_dict(state["model"])
+                    release.save_pretrained(out)
+                    save_training_state(state_path, {**state, "step": step, "elapsed": elapsed_before + seconds,
+                                                     "target_config": asdict(target.config), "train_config": vars(cfg),
+                                                     "drafter_config": config.to_dict()})
             if evaluating:
                 totals = evaluate_tau(target, unwrap(model), [ids for ids, _ in prompts], cfg.eval_max_new_tokens,
                                       cfg.block_size, stop_ids, [choices for _, choices in prompts])
                 tokens, verifications = place.sum(torch.tensor(totals, device=device)).tolist()
                 record["eval_tau"] = tokens / verifications if verifications else None
             if logging and place.main:
-                write_log(out / "train_log.jsonl", record, bar, place.world * tokens_seen / max(seconds, 1e-9))
+                write_log(log_path, record, bar, place.world * tokens_seen / max(seconds, 1e-9))
             if stopping:
                 break
     bar.close()
     if signaled:
         record["stopped_by"] = stop.name or "SIGTERM"  # another process's signal: a scheduler's, as a rule
     return record
-
-
-def pooled_record(place: Distributed, sums: torch.Tensor, steps: int, step: int, lr: float, elapsed: float) -> dict:
-    """What the steps since the last record measured, pooled over all processes (a collective call); resets `sums`."""
-    totals = place.sum(sums.clone())  # (3, B): the loss at [0, 0], hits per slot, labelled slots per slot
-    sums.zero_()
-    accuracy = (totals[1, 1:] / totals[2, 1:].clamp(min=1)).tolist()
-    return {"step": step, "loss": totals[0, 0].item() / place.world / steps,
-            "slot_accuracy": [round(a, 4) for a in accuracy],
-            "tau_estimate": round(estimated_tau(totals[1], totals[2]), 4), "lr": lr, "elapsed": round(elapsed, 2)}
 
 
 def write_log(log: Path, record: dict, bar: tqdm, tokens_per_second: float) -> None:
@@ -414,7 +340,7 @@ def write_log(log: Path, record: dict, bar: tqdm, tokens_per_second: float) -> N
     bar.set_postfix({name: value for name, value in shown.items() if value is not None})
 
 
-# ------------------------------------------------------------------ the command line
+# ------------------------------------------------------------ the command line
 
 
 def checked(kind: type, rule: str, ok: Callable) -> Callable[[str], object]:
@@ -436,9 +362,8 @@ class Help(argparse.RawDescriptionHelpFormatter):
     """--help shows each option's default where it has a value, and the epilog as written."""
 
     def _get_help_string(self, action):
-        shown = all(action.default is not no_value for no_value in (None, False, argparse.SUPPRESS))
-        shown = shown and "(default:" not in action.help
-        return action.help + (" (default: %(default)s)" if shown else "")
+        unset = any(action.default is none for none in (None, False, argparse.SUPPRESS)) or "(default:" in action.help
+        return action.help + ("" if unset else " (default: %(default)s)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -474,7 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--steps", type=positive_int, help="train this many steps (overrides --epochs)")
     add("--seed", type=int, default=0, help="seeds the drafter's initialisation, the data order and the anchors")
     # memory: the dense ways are the references the fast ones are tested against
-    add("--loss-chunk-size", type=checked(int, "0 or positive", lambda x: x >= 0), default=512,
+    add("--loss-chunk-size", type=checked(int, "0 or more", lambda x: x >= 0), default=512,
         help="slots per chunk of the LM-head loss (0: all at once)")
     add("--keep-activations", action="store_true", help="keep each drafter layer's activations for the backward "
                                                         "pass, not recompute them (faster, much more memory)")
@@ -485,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--eval-max-new-tokens", type=int, default=128, help="tokens decoded per held-out prompt")
     add("--no-token-healing", action="store_true", help="evaluate raw-text prompts unhealed (as the data was made)")
     add("--save-every", type=int, default=0, help="steps between checkpoints (0: at the end and by the clock)")
-    add("--save-every-minutes", type=checked(float, "0 (off) or positive", lambda x: x >= 0), default=10.0,
+    add("--save-every-minutes", type=checked(float, "0 or more", lambda x: x >= 0), default=10.0,
         help="also checkpoint when this many minutes have passed since the last one (0: off)")
     add("--log-every", type=positive_int, default=10, help="steps between log lines")
     add("--minutes", type=positive, help="stop (and save) after this much wall-clock time")

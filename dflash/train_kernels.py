@@ -1,11 +1,8 @@
-"""Drafter training at real scale: the two dense costs, and their exact replacements.
+"""Drafter training at real scale: exact replacements for its two dense costs.
 
-One training step at the paper's settings scores 30,720 slots (4 sequences, 512
-anchors, blocks of 16). Done the plain way, two things do not fit: the LM-head loss
-(slots x 151,936 logits) and the block attention ((K*B) x (S + K*B) scores a sequence,
-most of them masked). `chunked_lm_head_loss` computes the loss and its gradient a chunk
-of slots at a time; `AnchoredBlocks` computes the attention and skips what the mask
-hides. Both are exact: the tests compare values and gradients with the dense ways.
+At the paper's settings neither the LM-head loss (slots x vocabulary logits) nor the block attention
+(K*B x (S + K*B) scores, most of them masked) fits. `chunked_lm_head_loss` takes the loss a chunk of
+slots at a time; `AnchoredBlocks` skips what the mask hides. The tests compare both with the dense ways.
 """
 
 from __future__ import annotations
@@ -16,21 +13,15 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-# ------------------------------------------------------------------ the chunked loss
-
 
 class ChunkedLMHeadLoss(torch.autograd.Function):
-    """sum_i w_i * cross_entropy(hidden_i @ head.T, label_i), one chunk of slots at a time.
-
-    While a chunk's logits are at hand, forward also computes their gradient (for
-    cross-entropy, softmax - one_hot) and from it d loss / d hidden; backward only scales
-    that. The peak is one chunk's logits; the head is frozen (it gets no gradient).
-    """
+    """sum_i w_i * cross_entropy(hidden_i @ head.T, label_i), one chunk of slots at a time: forward also takes
+    d loss / d hidden while the chunk's logits exist, and backward only scales it. The frozen head gets none."""
 
     @staticmethod
     def forward(ctx, hidden, head, labels, label_weights, chunk_size: int):
         wants_grad = ctx.needs_input_grad[0]
-        total = torch.zeros((), dtype=at_least_float32(head.dtype), device=hidden.device)
+        total = torch.zeros((), dtype=torch.promote_types(head.dtype, torch.float32), device=hidden.device)
         hits = torch.empty(len(labels), dtype=torch.bool, device=hidden.device)  # (N,)
         grad_hidden = torch.empty_like(hidden) if wants_grad else None  # (N, hidden)
         for start in range(0, len(labels), chunk_size):
@@ -39,10 +30,8 @@ class ChunkedLMHeadLoss(torch.autograd.Function):
             logits = F.linear(hidden[rows].to(head.dtype), head).to(total.dtype)  # (n, vocab): the only big tensor
             label_logits = logits.gather(1, chunk_labels[:, None])[:, 0]  # (n,)
             hits[rows] = logits.argmax(dim=-1) == chunk_labels
-            # The softmax in place (logsumexp would allocate a second (n, vocab) tensor):
-            # shift by the row maximum, exponentiate, normalise.
             row_max = logits.max(dim=-1).values  # (n,)
-            exponentials = logits.sub_(row_max[:, None]).exp_()  # (n, vocab), logits are gone now
+            exponentials = logits.sub_(row_max[:, None]).exp_()  # (n, vocab), in place: logsumexp would copy
             sums = exponentials.sum(dim=-1)  # (n,)
             total += (weights * (row_max + sums.log() - label_logits)).sum()  # CE = log sum exp - label logit
             if wants_grad:  # d/dlogits of w * CE is w * (softmax - one_hot)
@@ -62,36 +51,24 @@ class ChunkedLMHeadLoss(torch.autograd.Function):
 
 def chunked_lm_head_loss(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor,
                          label_weights: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum_i w_i * CE_i, top-1 hit per slot) of `hidden` (N, hidden) through the frozen `head` (vocab, hidden).
-
-    `chunk_size` 0: all slots at once with plain autograd, the dense reference.
-    """
+    """(sum_i w_i * CE_i, top-1 hit per slot) of `hidden` (N, hidden) through the frozen `head` (vocab, hidden);
+    `chunk_size` 0 takes all slots at once with plain autograd: the dense reference."""
     if head.requires_grad:
         raise ValueError("chunked_lm_head_loss computes no gradient for the LM head: it must be frozen")
     if chunk_size > 0:
         return ChunkedLMHeadLoss.apply(hidden, head, labels, label_weights, chunk_size)
     logits = F.linear(hidden.to(head.dtype), head)  # (N, vocab)
-    logits = logits.to(at_least_float32(logits.dtype))  # the softmax wants float32 at least
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # the softmax wants float32 at least
     losses = F.cross_entropy(logits, labels, reduction="none")  # (N,)
     return (label_weights.to(logits.dtype) * losses).sum(), (logits.argmax(dim=-1) == labels).detach()
 
 
-def at_least_float32(dtype: torch.dtype) -> torch.dtype:
-    """bf16 and fp16 logits are summed and exponentiated in float32; float64 stays float64."""
-    return torch.promote_types(dtype, torch.float32)
-
-
-# ------------------------------------------------------------- the block attention
-
-
 @dataclass
 class AnchoredBlocks:
-    """The training attention pattern of `train.py`: block j sees the context before a_j, and itself.
+    """The training attention of `train.py`: block j sees context c < a_j, all of itself, no other block.
 
-    Keys are [context (S) ; blocks (K*B)], queries the K*B block slots. Block j sees
-    context position c iff c < a_j (at inference its feature does not exist yet), all of
-    its own block in both directions, and nothing of another block. The drafter calls
-    `attend` in place of masked attention; it never computes a score the pattern hides.
+    Keys are [context (S) ; blocks (K*B)], queries the K*B block slots; c < a_j because at inference the feature
+    of x_{a_j} does not exist yet. The drafter calls `attend`, which never computes a score the pattern hides.
     """
 
     anchors: torch.Tensor  # (batch, K), sorted along each row (padding blocks may sit at 0)
@@ -103,13 +80,10 @@ class AnchoredBlocks:
 
     def dense_mask(self) -> torch.Tensor:
         """The pattern as a dense boolean mask (batch, 1, K*B, S + K*B): the reference, and the slow way."""
-        batch, count = self.anchors.shape
-        block, length = self.block_size, self.context_length
-        context = torch.arange(length, device=self.anchors.device)
-        sees_context = context[None, None, :] < self.anchors[:, :, None]  # (batch, K, S)
-        sees_context = sees_context[:, :, None, :].expand(batch, count, block, length)  # (batch, K, B, S)
-        sees_context = sees_context.reshape(batch, count * block, length)  # (batch, K*B, S)
-        block_of = torch.arange(count * block, device=self.anchors.device) // block  # (K*B,)
+        (batch, count), block, length = self.anchors.shape, self.block_size, self.context_length
+        block_of = torch.arange(count * block, device=self.anchors.device) // block  # (K*B,): each slot's block
+        context = torch.arange(length, device=self.anchors.device)  # (S,)
+        sees_context = context < self.anchors[:, block_of, None]  # (batch, K*B, S)
         sees_block = (block_of[:, None] == block_of[None, :]).expand(batch, -1, -1)  # (batch, K*B, K*B)
         return torch.cat([sees_context, sees_block], dim=-1)[:, None]  # (batch, 1, K*B, S + K*B)
 
@@ -118,16 +92,11 @@ class AnchoredBlocks:
         return self.attend_flex(q, k, v) if q.device.type == "cuda" else self.attend_in_chunks(q, k, v)
 
     def attend_in_chunks(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """Consecutive blocks a chunk at a time, each chunk one SDPA call against only the keys it can see.
-
-        Anchors are sorted, so a chunk needs the context up to its largest anchor and of
-        the blocks' keys only its own: about K*B x (S/2 + chunk) work instead of K*B x (S + K*B).
-        """
-        batch, count = self.anchors.shape
-        block, length = self.block_size, self.context_length
+        """Consecutive blocks a chunk at a time, each one SDPA call against only the keys it can see: the
+        anchors are sorted, so a chunk needs the context up to its largest anchor and only its own blocks."""
+        count, block, length = self.anchors.shape[1], self.block_size, self.context_length
         if self._dense is None:  # (batch, 1, K*B, S + K*B) booleans: cheap next to the scores they spare
             self._dense = self.dense_mask()
-        mask = self._dense
         outputs = []
         for first in range(0, count, self.blocks_per_chunk):
             last = min(first + self.blocks_per_chunk, count)
@@ -137,7 +106,7 @@ class AnchoredBlocks:
                                  length + torch.arange(first * block, last * block, device=k.device)])
             keys, values = k[:, :, columns], v[:, :, columns]  # (batch, kv_heads, seen + chunk, d)
             outputs.append(F.scaled_dot_product_attention(
-                q[:, :, rows], keys, values, attn_mask=mask[:, :, rows][..., columns], enable_gqa=True))
+                q[:, :, rows], keys, values, attn_mask=self._dense[:, :, rows][..., columns], enable_gqa=True))
         return torch.cat(outputs, dim=2)  # (batch, heads, K*B, d)
 
     def attend_flex(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -146,19 +115,13 @@ class AnchoredBlocks:
             self._flex_mask = self.flex_block_mask(q.shape[2], k.shape[2], q.device)
         return compiled_flex_attention()(q, k, v, block_mask=self._flex_mask, enable_gqa=True)
 
-    FLEX_TILE = 128  # FlexAttention's query and key tile
-
     def flex_block_mask(self, num_queries: int, num_keys: int, device):
-        """The pattern as FlexAttention's block mask, built from the anchors once per step.
-
-        A query tile needs the context tiles up to its largest anchor and the tiles of its
-        own blocks: listed from the anchors directly, (batch, query tiles, key tiles)
-        booleans, never the dense mask that `create_block_mask` would evaluate first.
-        `visible` then decides inside each listed tile.
-        """
+        """The pattern as FlexAttention's block mask, listed tile by tile from the anchors (a query tile needs
+        the context tiles up to its largest anchor, and its own blocks' tiles), never through the dense mask
+        that `create_block_mask` would evaluate first. `visible` decides inside each listed tile."""
         from torch.nn.attention.flex_attention import BlockMask
 
-        anchors, block, length, tile = self.anchors.to(device), self.block_size, self.context_length, self.FLEX_TILE
+        anchors, block, length, tile = self.anchors.to(device), self.block_size, self.context_length, 128  # Flex's tile
         (batch, count), query_tiles, key_tiles = anchors.shape, -(-num_queries // tile), -(-num_keys // tile)
         first_row = torch.arange(query_tiles, device=device) * tile  # (query tiles,)
         last_row = (first_row + tile).clamp(max=num_queries) - 1

@@ -1,9 +1,7 @@
-"""What a training loop needs around its recipe, written once.
+"""What a training loop needs around its recipe, written once for `train.py` and the demo target's trainer.
 
-`train.py` (the drafter) and `recipes/word_problems/train_target.py` (the demo target)
-share it: a place in a torchrun job and its share of each epoch, DDP or FSDP2, an exact
-resume (a run folder, every state as plain tensors written atomically, a stop on Ctrl-C
-or SIGTERM that saves first) and the loop's small parts. Nothing here imports a model.
+A place in a torchrun job and its share of each epoch, DDP or FSDP2, an exact resume (plain tensors written
+atomically, a stop on Ctrl-C or SIGTERM that saves first) and the loop's small parts. It imports no model.
 """
 
 from __future__ import annotations
@@ -17,7 +15,7 @@ import types
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import torch
 import torch.distributed as dist
@@ -51,22 +49,11 @@ class Distributed:
         pooled = self.sum(torch.tensor([float(bool(flag)) for flag in flags], device=self.device))
         return [bool(value) for value in pooled.tolist()]
 
-    def gather(self, value) -> list:
-        """Every process's `value`, in rank order."""
-        if self.world == 1:
-            return [value]
-        values = [None] * self.world
-        dist.all_gather_object(values, value)
-        return values
-
 
 @contextmanager
 def distributed_run(device_name: str) -> Iterator[Distributed]:
-    """Join the torchrun job if there is one (gloo on CPU, nccl on CUDA, one GPU a process) for a run.
-
-    A run that ends well ends with a barrier, so no process leaves while the main one
-    still writes the last checkpoint; the group is left even on failure.
-    """
+    """Join the torchrun job if there is one (gloo on CPU, nccl on CUDA, one GPU a process). A run that ends
+    well ends at a barrier, so no process leaves while the main one still writes; the group is left anyway."""
     world, device = int(os.environ.get("WORLD_SIZE", "1")), pick_device(device_name)
     if world == 1:
         yield Distributed(device=device)
@@ -88,10 +75,7 @@ def steps_per_epoch(num_items: int, batch_size: int, world: int) -> int:
 
 
 def batch_indices(num_items: int, batch_size: int, step: int, seed: int, place: Distributed) -> list[int]:
-    """This process's items for `step`: the next slice of its share of the epoch's shuffled order.
-
-    As DistributedSampler: each epoch is shuffled anew, padded by wrapping, then strided.
-    """
+    """This process's items for `step`, as DistributedSampler: each epoch shuffled anew, padded by wrapping, strided."""
     epoch, index = divmod(step, steps_per_epoch(num_items, batch_size, place.world))
     order = torch.randperm(num_items, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
     order += order[: (-len(order)) % place.world]  # every process gets the same number of items
@@ -119,9 +103,6 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
-# ------------------------------------------------------------------ an exact resume
-
-
 def snapshot(model: nn.Module, optimizer, scheduler, place: Distributed, fsdp: bool, **generators) -> dict:
     """All a resume needs as plain (unsharded, CPU) tensors and containers, the same however many processes
     wrote it: weights, optimizer, schedule, and every process's random states. A collective call."""
@@ -136,8 +117,10 @@ def snapshot(model: nn.Module, optimizer, scheduler, place: Distributed, fsdp: b
         optimizer_state = optimizer.state_dict()
     rng = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
            **{name: generator.get_state() for name, generator in generators.items()}}
-    return {"model": weights, "optimizer": optimizer_state, "scheduler": scheduler.state_dict(),
-            "rng": place.gather(rng)}
+    rngs = [rng] * place.world  # every process's, in rank order
+    if place.world > 1:
+        dist.all_gather_object(rngs, rng)
+    return {"model": weights, "optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "rng": rngs}
 
 
 def restore_snapshot(state: dict, model: nn.Module, optimizer, scheduler, place: Distributed, fsdp: bool,
@@ -207,19 +190,17 @@ def forget_log_after(log: Path, step: int) -> None:
 
 @contextmanager
 def stop_on_signals() -> Iterator[types.SimpleNamespace]:
-    """For the length of the block, Ctrl-C (SIGINT) or a scheduler's SIGTERM only sets `.name` ("SIGTERM"):
-    the loop finishes its step and saves, so a checkpoint is never cut in half. A second signal of the same
-    kind acts at once (Ctrl-C twice: KeyboardInterrupt); the previous handlers come back after the block."""
+    """Within the block, Ctrl-C or SIGTERM only sets `.name` ("SIGINT"): the loop ends its step and saves, so a
+    checkpoint is never cut in half. A second one acts at once; the previous handlers come back after."""
     stop = types.SimpleNamespace(name="")
 
     def handle(signum, frame) -> None:
         stop.name = signal.Signals(signum).name
         signal.signal(signum, signal.SIG_DFL if signum != signal.SIGINT else signal.default_int_handler)
 
-    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
-        yield stop
-        return
-    previous = {signum: signal.signal(signum, handle) for signum in (signal.SIGINT, signal.SIGTERM)}
+    previous = {}
+    if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+        previous = {signum: signal.signal(signum, handle) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield stop
     finally:
@@ -227,33 +208,18 @@ def stop_on_signals() -> Iterator[types.SimpleNamespace]:
             signal.signal(signum, handler)
 
 
-# ----------------------------------------------------------------- the loop's parts
-
-
-def optimizer_step(loss: torch.Tensor, model: nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float,
-                   scheduler: torch.optim.lr_scheduler.LRScheduler | None = None) -> None:
+def optimizer_step(loss: torch.Tensor, model: nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float) -> None:
     """Backward, clip the gradient norm, update, and clear the gradients for the next step."""
     loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    if scheduler is not None:
-        scheduler.step()
 
 
-def cosine_with_warmup(total_steps: int, warmup: float) -> Callable[[int], float]:
-    """Learning-rate multiplier: linear warm-up over `warmup` of the steps, then cosine down to 0."""
+def cosine_with_warmup(step: int, total_steps: int, warmup: float) -> float:
+    """The learning rate's multiplier at `step`: linear warm-up over `warmup` of the steps, then cosine down to 0."""
     warmup_steps = max(1, round(warmup * total_steps))
-
-    def multiplier(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / warmup_steps
-        progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
-
-    return multiplier
-
-
-def every(step: int, period: int) -> bool:
-    """Is `step` one of every `period` steps? Never when the period is 0 (off)."""
-    return period > 0 and step % period == 0
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
