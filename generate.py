@@ -341,9 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_device_options(p)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the fixed-shape passes (default: on for CUDA, off for CPU)")
-    p.add_argument("--flex-attention", action="store_true",
-                   help="read the caches through FlexAttention, only their filled blocks (for compiled passes on "
-                        "CUDA; exact everywhere, slow uncompiled; not yet measured on a GPU)")
+    p.add_argument("--flex-attention", action="store_true", help="read the caches through FlexAttention, only their "
+                   "filled blocks (for compiled passes on CUDA; slow uncompiled; not yet measured on a GPU)")
     add_prompt_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text: output_ids, text, "
                    "acceptance_lengths, mean_acceptance, tokens_per_second, new_tokens, steps (with --compare also "

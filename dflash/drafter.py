@@ -1,11 +1,9 @@
 """The DFlash drafter: a small block-diffusion model conditioned on the target's features.
 
-One pass turns a block `[last verified token, MASK, ...]` into a guess for every masked
-slot at once. It is a stack of Qwen3 decoder layers with two changes. KV injection: the
-target's features, fused into one context vector per token, pass through every layer's
-own k/v projections and sit before the block's keys and values (queries come only from
-the block). No causal mask: the block is denoised as a whole. The embedding and LM head
-are the target's; checkpoints use the authors' layout, so drafters load in either code.
+One pass turns a block `[last verified token, MASK, ...]` into a guess for every masked slot.
+Qwen3 decoder layers with two changes: the target's features, one context vector per token,
+enter every layer as keys and values before the block's own (KV injection), and no causal mask
+inside the block. The embedding and LM head are the target's; checkpoints use the authors' layout.
 """
 
 from __future__ import annotations
@@ -100,18 +98,16 @@ class Drafter(nn.Module):
                 mask: torch.Tensor | None = None, cache: KVCache | None = None, pattern=None) -> torch.Tensor:
         """Denoise a block; return the drafter's final hidden states (batch, block, hidden).
 
-        `target_features` (batch, ctx, n_layers * hidden) cover the context not yet in `cache`.
-        Positions ((n,), or (batch, n) in training) are also the cache slots written, new context
-        then block; the caller commits the context it keeps. `mask`: where a block query may look
-        (default: all up to the block's end); `pattern` (training) computes the attention itself.
+        `target_features` (batch, ctx, n_layers * hidden) cover the context not yet in `cache`. Positions
+        ((n,), or (batch, n) in training) are also the slots written; the caller commits the context it keeps.
+        `mask` defaults to everything up to the block's end; `pattern` (training) computes the attention itself.
         """
         context = self.hidden_norm(self.fc(target_features))  # (batch, ctx, hidden), once per step
         num_keys = None
         if cache is not None:
             num_keys = cache.keys_to_read(context.shape[1] + block_embeddings.shape[1])
-            if mask is None:
-                key_slots = torch.arange(num_keys, device=block_positions.device)
-                mask = (key_slots <= block_positions[-1])[None, :]  # (1, keys): the context and the whole block
+            if mask is None:  # (1, keys): the context and the whole block
+                mask = (torch.arange(num_keys, device=block_positions.device) <= block_positions[-1])[None, :]
             mask = cache.prepare(mask, block_embeddings.shape[1])
         dtype = block_embeddings.dtype
         block_rope, context_rope = self.rotary(block_positions, dtype), self.rotary(context_positions, dtype)

@@ -1,11 +1,7 @@
 """Qwen3 from scratch: the config, the building blocks, the static KV cache, the model.
 
-This file computes exactly what the official Qwen3 implementation computes. Reading
-order: the config, the four building blocks (RMSNorm, RoPE, attention, MLP), the
-decoder layer, the static KV cache and its masks, the model, and the table of
-official tensor names it loads through. Reading and writing the official checkpoint
-layout is `dflash/checkpoint.py`'s job; the DFlash drafter (`dflash/drafter.py`)
-reuses the building blocks and the cache.
+It computes exactly what the official Qwen3 implementation computes. The official checkpoint
+layout is `dflash/checkpoint.py`'s job; the drafter (`dflash/drafter.py`) reuses the blocks and the cache.
 """
 
 from __future__ import annotations
@@ -18,8 +14,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from dflash import checkpoint
-
-# --------------------------------------------------------------------------- config
 
 
 @dataclass
@@ -70,11 +64,9 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """RoPE angles for absolute positions: cos/sin of `position * inv_freq`, computed on the fly.
+    """RoPE's cos/sin of `position * inv_freq`, computed per call: no table sized for the longest sequence.
 
-    Computing them per call (a (seq, head_dim) outer product) needs no table sized for
-    the longest sequence. The inverse frequencies stay float32 whatever dtype the
-    weights are in, as the official code keeps them when it loads a checkpoint.
+    `inv_freq` stays float32 whatever the weights' dtype, as the official code keeps it.
     """
 
     def __init__(self, head_dim: int, theta: float):
@@ -104,9 +96,8 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """Softmax attention of q (batch, heads, seq, d) over k, v (batch, kv_heads, keys, d) -> (batch, heads, seq, d).
 
-    `mask` (..., seq or 1, keys) is True where a query may look. Query head h reads
-    key/value head h // (heads // kv_heads): SDPA's `enable_gqa` does that without copying
-    keys and values, the fastest of three ways measured here (stacking query groups, repeating keys).
+    `mask` (..., seq or 1, keys) is True where a query may look. Query head h reads key/value
+    head h // (heads // kv_heads): SDPA's `enable_gqa` does that without copying keys and values.
     """
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
@@ -114,9 +105,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 class Attention(nn.Module):
     """Grouped-query attention with Qwen3's per-head RMSNorm on queries and keys.
 
-    Split into `queries`, `keys_values` and `output` so that the DFlash drafter can
-    project keys and values from the target's context features with the very same
-    weights it uses for its own block.
+    In three parts (`queries`, `keys_values`, `output`): the drafter projects the target's context with these weights.
     """
 
     def __init__(self, config: Qwen3Config):
@@ -191,18 +180,11 @@ class DecoderLayer(nn.Module):
 class KVCache:
     """Preallocated keys and values, one pair of tensors per layer, written by position.
 
-    `length` is the one truth about what the cache holds: positions 0..length-1 are
-    the committed sequence. A forward pass writes its chunk right after them; the
-    caller then commits what it keeps: `extend(n)` after a plain step, `trim(n)` after
-    a speculative one, which cuts the rejected tail off in O(1) by moving `length`
-    back. Rejected keys stay in memory, but the next chunk overwrites them before
-    anything may read them. A draft tree's accepted path lies scattered among its
-    rejected siblings: `compact` moves it next to the committed slots first.
-
-    Eager passes read only the committed slots plus the chunk; a compiled pass needs
-    one shape on every call, so it reads the whole buffer and the position mask hides
-    every slot past the query (`fixed_shape`, set by whoever compiles). `prepare` and
-    `attend` say how attention reads the cache (`dflash/flex_reads.py` has another way).
+    Slots 0..length-1 hold the committed sequence. A pass writes its chunk right after them and
+    the caller commits what it keeps (`extend`) or cuts the rejected tail (`trim`): the next
+    chunk overwrites it before anything reads it. A compiled pass needs one shape, so with
+    `fixed_shape` it reads the whole buffer and the position mask hides every slot past the query.
+    `prepare` and `attend` say how attention reads the cache (`dflash/flex_reads.py` has another way).
     """
 
     def __init__(self, num_layers: int, batch: int, num_kv_heads: int, max_length: int, head_dim: int,
@@ -240,7 +222,7 @@ class KVCache:
         return attend(q, k, v, prepared)
 
     def compact(self, sources: torch.Tensor, first: int) -> None:
-        """Move the entries at slots `sources` (n,) to slots first..first + n - 1 (gathered first: they may overlap)."""
+        """Move a draft tree's accepted path from `sources` (n,) to first..first+n-1 (gathered first: may overlap)."""
         destinations = torch.arange(first, first + len(sources), device=sources.device)
         for buffer in self.keys + self.values:
             buffer.index_copy_(2, destinations, buffer.index_select(2, sources))
@@ -253,28 +235,22 @@ class KVCache:
         self.length += count
 
     def trim(self, length: int) -> None:
-        """Forget everything from position `length` on (O(1): nothing is copied or freed).
-
-        Trimming only shortens: a length past the committed one would commit slots never written.
-        """
+        """Forget everything from position `length` on, in O(1); only shortens (longer would commit unwritten slots)."""
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot trim a cache holding {self.length} positions to {length}")
         self.length = length
 
 
 def causal_mask(positions: torch.Tensor, num_keys: int, key_padding: torch.Tensor | None = None) -> torch.Tensor:
-    """True where a query at `positions[i]` may attend to key slot j: j <= positions[i].
+    """True where a query at `positions[i]` may attend to key slot j: j <= positions[i], whatever the slot holds.
 
-    Masking by position, not by what was written, lets a compiled pass read the whole
-    buffer: every slot past the query is hidden, whatever it holds. `key_padding`
-    (batch, >= num_keys), True for real tokens, hides left-padding in batched generation.
+    `key_padding` (batch, >= num_keys), True for real tokens, hides left-padding in batched generation.
     """
     key_positions = torch.arange(num_keys, device=positions.device)
     mask = key_positions[None, :] <= positions[:, None]  # (seq, keys)
     if key_padding is not None:
         itself = key_positions[None, :] == positions[:, None]  # (seq, keys)
-        # A padding query would otherwise see no key at all: a fully masked row, which
-        # some attention kernels turn into NaN. Letting it see itself keeps it finite.
+        # A padding query sees itself: a fully masked row turns into NaN in some attention kernels.
         mask = (mask[None, None] & key_padding[:, None, None, :num_keys]) | itself  # (batch, 1, seq, keys)
     return mask
 
@@ -282,9 +258,8 @@ def causal_mask(positions: torch.Tensor, num_keys: int, key_padding: torch.Tenso
 def chunk_mask_over_cache(slots: torch.Tensor, chunk_mask: torch.Tensor, num_keys: int) -> torch.Tensor:
     """True where query i of a chunk written at `slots` (seq,) may attend to key slot j.
 
-    Every query sees the committed slots (before the chunk's first) and, within the
-    chunk, entry j where chunk_mask[i, j]: a draft tree's nodes see their ancestors
-    and themselves. It depends on tensors only, so a compiled pass keeps one graph.
+    Every query sees the committed slots and, within the chunk, entry j where chunk_mask[i, j]
+    (a draft tree's ancestors and itself). Tensors only, so a compiled pass keeps one graph.
     """
     key_slots = torch.arange(num_keys, device=slots.device)
     committed = key_slots[None, :] < slots[0]  # (1, keys): the context before the chunk
@@ -318,27 +293,15 @@ class Qwen3(nn.Module):
         """Project normed hidden states (..., hidden) onto the vocabulary (..., vocab)."""
         return F.linear(hidden, self.head_weight)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor | None = None,
-        cache: KVCache | None = None,
-        capture_layers: Sequence[int] = (),
-        key_padding: torch.Tensor | None = None,
-        slots: torch.Tensor | None = None,
-        chunk_mask: torch.Tensor | None = None,
-        last_layer: int | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run the model on input_ids (batch, seq); return (hidden states, captured features).
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None, cache: KVCache | None = None,
+                capture_layers: Sequence[int] = (), key_padding: torch.Tensor | None = None,
+                slots: torch.Tensor | None = None, chunk_mask: torch.Tensor | None = None,
+                last_layer: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Run input_ids (batch, seq); return the normed hidden states and `capture_layers`' outputs side by side.
 
-        The hidden states (batch, seq, hidden) are after the final norm: `logits()` of the
-        rows a caller needs scores their next token. The features are the outputs of
-        `capture_layers` (repeats allowed) side by side, (batch, seq, n * hidden), or None;
-        the last layer's is after the final norm, as the official `hidden_states[-1]`.
-        `positions` (seq,) are also the cache slots written, by default right after what
-        the cache has committed; the forward never commits. A draft tree writes token i at
-        slot `slots[i]` and sees what `chunk_mask` (seq, seq) allows. `key_padding` (batch,
-        keys) hides left-padding; `last_layer` stops early (its output is then not normed).
+        `positions` (seq,) are also the slots written, by default right after what the cache has
+        committed (the forward never commits). A draft tree writes token i at `slots[i]` and sees what
+        `chunk_mask` (seq, seq) allows. `last_layer` stops early, its output then not normed.
         """
         batch, seq = input_ids.shape
         if positions is None:
@@ -371,8 +334,6 @@ class Qwen3(nn.Module):
         """A KV cache for `max_length` positions on this model's device and dtype."""
         return KVCache.for_layers(self.config, self.embed_tokens.weight, max_length, batch)
 
-    # ------------------------------------------------------------ loading and saving
-
     @classmethod
     def from_pretrained(cls, path, device="cpu", dtype: torch.dtype = torch.float32) -> "Qwen3":
         """Load an official Qwen3 checkpoint folder (single file or sharded)."""
@@ -387,13 +348,6 @@ class Qwen3(nn.Module):
         checkpoint.save(path, self, official_names(self), self.config.to_dict(), dtype)
 
 
-# ------------------------------------------------------------- official tensor names
-
-
 def official_names(model: nn.Module) -> dict[str, str]:
-    """The checkpoint's tensor names -> this model's parameter names.
-
-    The modules above are named after the official ones, so each name is the same
-    dotted path, under `model.` for everything but the LM head.
-    """
+    """The checkpoint's tensor names -> this model's: the same dotted paths, under `model.` but for the LM head."""
     return {name if name.startswith("lm_head.") else f"model.{name}": name for name, _ in model.named_parameters()}

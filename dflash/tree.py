@@ -107,7 +107,7 @@ def verify_inputs(tree: DraftTree, budget: int) -> tuple[torch.Tensor, torch.Ten
     return torch.tensor(tokens), torch.tensor(depths), torch.tensor(mask)
 
 
-# ----------------------------------------------------------------------- the walk
+# ------------------------------------------------------- the walk, and the kept path
 
 
 def walk(tree: DraftTree, target_tokens: list[int]) -> list[int]:
@@ -125,9 +125,6 @@ def walk(tree: DraftTree, target_tokens: list[int]) -> list[int]:
     while (path[-1], target_tokens[path[-1]]) in children:
         path.append(children[path[-1], target_tokens[path[-1]]])
     return path
-
-
-# -------------------------------------------------------------------- compaction
 
 
 def path_slots(path: list[int], start: int) -> list[int]:
