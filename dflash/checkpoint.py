@@ -1,8 +1,4 @@
-"""Checkpoints in the official layouts (safetensors, `config.json`), in and out, for any `nn.Module`.
-
-Tensors are memory-mapped, never unpickled, into a model built on the `meta` device, so an 8B model never
-exists twice in memory; writes go through a rename, so a crash never leaves half a checkpoint.
-"""
+"""Checkpoints in the official layouts (safetensors, `config.json`), in and out, for any `nn.Module`."""
 
 from __future__ import annotations
 
@@ -46,20 +42,17 @@ def read_json(path: Path, error: type[Exception] = CheckpointError):
 
 
 def qwen3_fields(raw: dict, source: str, names: list[str]) -> dict:
-    """The fields `names` of a Qwen3 `config.json` with the defaults it implies; a field whose meaning
-    is not implemented is refused by name, never silently ignored."""
+    """The fields `names` of a Qwen3 `config.json`, defaults filled in; a field not implemented is refused by name."""
     if not isinstance(raw, dict):
         raise CheckpointError(f"{source}: expected a JSON object, got {type(raw).__name__}")
-    if raw.get("model_type", "qwen3") != "qwen3":
-        raise CheckpointError(f"{source}: model_type={raw['model_type']!r} is not supported (only 'qwen3')")
-    if raw.get("rope_scaling"):
-        raise CheckpointError(f"{source}: rope_scaling={raw['rope_scaling']!r} is not supported")
-    if raw.get("use_sliding_window"):
-        raise CheckpointError(f"{source}: use_sliding_window=true is not supported")
+    for field, supported in (("model_type", "qwen3"), ("hidden_act", "silu")):
+        if raw.get(field, supported) != supported:
+            raise CheckpointError(f"{source}: {field}={raw[field]!r} is not supported (only {supported!r})")
+    for field in ("rope_scaling", "use_sliding_window"):
+        if raw.get(field):
+            raise CheckpointError(f"{source}: {field}={raw[field]!r} is not supported")
     if any(kind != "full_attention" for kind in raw.get("layer_types") or []):
         raise CheckpointError(f"{source}: layer_types other than 'full_attention' are not supported")
-    if raw.get("hidden_act", "silu") != "silu":
-        raise CheckpointError(f"{source}: hidden_act={raw['hidden_act']!r} is not supported (only 'silu')")
     missing = [name for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                  "num_attention_heads", "num_key_value_heads") if name not in raw]
     if missing:
@@ -82,7 +75,7 @@ def qwen3_fields(raw: dict, source: str, names: list[str]) -> dict:
 
 
 def checkpoint_files(folder: Path) -> dict[str, Path]:
-    """Which safetensors file holds each tensor: read the shard index, or the single file."""
+    """Which safetensors file holds each tensor: the shard index's, else the single file's (pickles are never read)."""
     index, single = folder / "model.safetensors.index.json", folder / "model.safetensors"
     if index.exists():
         weight_map = read_json(index).get("weight_map")
@@ -100,7 +93,7 @@ def checkpoint_files(folder: Path) -> dict[str, Path]:
 
 
 def open_safetensors(file: Path):
-    """A lazy handle on one safetensors file: tensors are memory-mapped when read."""
+    """A lazy handle on one safetensors file: tensors are memory-mapped when read, never unpickled."""
     try:
         return safe_open(str(file), framework="pt", device="cpu")
     except Exception as err:  # safetensors raises its own error types for corrupt headers
@@ -140,8 +133,8 @@ def checkpoint_folder(path, what: str) -> Path:
 
 def load_pretrained(cls, config, folder: Path, names: Callable[[nn.Module], dict[str, str]] | None, device,
                     dtype: torch.dtype, skip: frozenset[str] = frozenset()):
-    """`cls(config)` built on the `meta` device, filled from `folder` (`names(model)`: the name map; None: ours).
-    RoPE's frequencies are not stored: they are recomputed in float32 on `device`."""
+    """`cls(config)` built on the `meta` device, so an 8B model never exists twice in memory, filled from `folder`
+    (`names(model)`: the name map; None: ours). RoPE's frequencies are not stored: recomputed in float32 on `device`."""
     with torch.device("meta"):
         model = cls(config)
     name_map = names(model) if names is not None else {name: name for name, _ in model.named_parameters()}
@@ -153,16 +146,14 @@ def load_pretrained(cls, config, folder: Path, names: Callable[[nn.Module], dict
 def save(folder, model: nn.Module, name_map: dict[str, str] | None, config: dict,
          dtype: torch.dtype | None = None) -> None:
     """Write `model.safetensors` and `config.json` (with the tensors' dtype), atomically; `name_map` None: ours."""
-    if name_map is None:
-        name_map = {name: name for name, _ in model.named_parameters()}
+    name_map = name_map or {name: name for name, _ in model.named_parameters()}
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {official: model.get_parameter(ours).detach().to(dtype=dtype).contiguous().cpu()  # dtype None: as is
                for official, ours in name_map.items()}
     dtype_name = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
-    config = {**config, "dtype": dtype_name, "torch_dtype": dtype_name}
     write_atomically(folder / "model.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
-    write_json_atomically(folder / "config.json", config)
+    write_json_atomically(folder / "config.json", {**config, "dtype": dtype_name, "torch_dtype": dtype_name})
 
 
 def write_json_atomically(target: Path, data) -> None:
@@ -170,7 +161,7 @@ def write_json_atomically(target: Path, data) -> None:
 
 
 def write_atomically(target: Path, write: Callable[[str], None]) -> None:
-    """Call `write(temp_path)` next to `target`, then rename over it (atomic on POSIX)."""
+    """Call `write(temp_path)` next to `target`, then rename over it: a crash never leaves half a file."""
     handle, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".tmp")
     os.close(handle)
     try:
@@ -178,5 +169,4 @@ def write_atomically(target: Path, write: Callable[[str], None]) -> None:
         os.chmod(tmp, 0o644)  # mkstemp makes owner-only files; checkpoints are meant to be shared
         os.replace(tmp, target)
     finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        Path(tmp).unlink(missing_ok=True)

@@ -1,6 +1,5 @@
-"""Prompt files and how a prompt becomes token ids, alike in every program: a drafter trained on prompts
-rendered one way meets at inference whatever the programs render, so all go through `encode_for_generation`.
-"""
+"""Prompt files and how a prompt becomes token ids, alike in every program: a drafter trained on prompts rendered
+one way meets at inference whatever the programs render, so all go through `encode_for_generation`."""
 
 from __future__ import annotations
 
@@ -68,9 +67,7 @@ def add_prompt_options(parser: argparse.ArgumentParser) -> None:
 def encode_for_generation(prompt: Prompt, tokenizer: Tokenizer | None, chat: bool | None = None,
                           thinking: bool = False, token_healing: bool = True) -> tuple[list[int], list[int] | None]:
     """A prompt's ids, and the first new token's choices when token healing applies (`Tokenizer.heal`), else None.
-
-    Text goes through the chat template when `chat` (default: when the tokenizer has one); only raw text is healed.
-    """
+    Text goes through the chat template when `chat` (default: when the tokenizer has one); only raw text is healed."""
     if prompt.ids is not None:
         return list(prompt.ids), None
     if tokenizer is None:

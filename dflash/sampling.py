@@ -1,8 +1,5 @@
-"""How a token is drawn from logits, and how a drafted token is judged against the target's.
-
-Greedy, or sampled as Qwen3 users sample: every official `generation_config.json` asks for a temperature
-with top-k and top-p, and serving engines add min-p.
-"""
+"""How a token is drawn from logits, and how a drafted token is judged against the target's: greedy, or sampled as
+every official Qwen3 `generation_config.json` asks (temperature, top-k, top-p), with the min-p serving engines add."""
 
 from __future__ import annotations
 
@@ -101,19 +98,17 @@ def keep_only(logits: torch.Tensor, allowed: Sequence[int]) -> torch.Tensor:
 
 def verdicts(target_probs: torch.Tensor, drafts: torch.Tensor, draft_probs: torch.Tensor | None,
              generator: torch.Generator | None) -> torch.Tensor:
-    """The token the target commits after each slot (block,); a draft is kept where it equals it.
-
-    Rejection sampling, so every committed token follows p: a greedy draft d is kept when the target's own
-    draw equals it (probability p(d)); a draft sampled from the drafter's q (the first `len(draft_probs)`
-    slots) is kept with probability min(1, p(d)/q(d)), else replaced by a draw from max(0, p - q).
-    """
+    """The token the target commits after each slot (block,); a draft is kept where it equals it. Rejection sampling,
+    so every committed token follows the target's p: a greedy draft d is kept when the target's own draw is d; one
+    drawn from the drafter's q (the first `len(draft_probs)` slots) with probability min(1, p(d)/q(d)), else a draw
+    from max(0, p - q) replaces it."""
     tokens = draw(target_probs, generator)  # (block,): the target's own draw after every slot
     if draft_probs is None:
         return tokens
     n = draft_probs.shape[0]  # the sampled slots
     guess = drafts[:n, None]  # (n, 1)
-    p, q = target_probs[:n].gather(1, guess)[:, 0], draft_probs.gather(1, guess)[:, 0]  # (n,) each
-    keep = torch.rand(n, dtype=p.dtype, device=p.device, generator=generator) * q < p
+    p_target, q_draft = target_probs[:n].gather(1, guess)[:, 0], draft_probs.gather(1, guess)[:, 0]  # (n,) each
+    keep = torch.rand(n, dtype=q_draft.dtype, device=q_draft.device, generator=generator) * q_draft < p_target
     residual = draw((target_probs[:n] - draft_probs).clamp(min=0.0), generator)  # (n,)
     tokens[:n] = torch.where(keep, drafts[:n], residual)
     return tokens
@@ -133,18 +128,18 @@ def sampled_slots(policy: str, block_size: int, sampling: Sampling) -> int:
     raise UsageError(f"draft policy must be greedy, sampled or mixed:K with 1 <= K < {block_size}, got {policy!r}")
 
 
-def add_sampling_options(p: argparse.ArgumentParser, draft_policy: bool = True) -> None:
+def add_sampling_options(parser: argparse.ArgumentParser, draft_policy: bool = True) -> None:
     """How tokens are drawn, alike in generate.py, bench.py and make_data.py (which drafts nothing)."""
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
-    p.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens only (0: all)")
-    p.add_argument("--top-p", type=float, default=1.0, help="sample among the likeliest tokens that sum to p")
-    p.add_argument("--min-p", type=float, default=0.0, help="drop tokens under min-p times the likeliest's probability")
-    p.add_argument("--sample-from-config", action="store_true",
-                   help="take temperature, top-k and top-p from the model's generation_config.json")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
+    parser.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens only (0: all)")
+    parser.add_argument("--top-p", type=float, default=1.0, help="sample among the likeliest tokens that sum to p")
+    parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens under min-p times the top probability")
+    parser.add_argument("--sample-from-config", action="store_true",
+                        help="take temperature, top-k and top-p from the model's generation_config.json")
     if draft_policy:
-        p.add_argument("--draft-policy", default="greedy", metavar="greedy|sampled|mixed:K",
-                       help="above temperature 0: draft the drafter's argmax (default), sample every slot from "
-                            "it, or sample the first K slots")
+        parser.add_argument("--draft-policy", default="greedy", metavar="greedy|sampled|mixed:K",
+                            help="above temperature 0: draft the drafter's argmax (default), sample every slot "
+                                 "from it, or sample the first K slots")
 
 
 def sampling_of(args, model: Path) -> Sampling:

@@ -1,8 +1,4 @@
-"""Text in, token ids out: a checkpoint's tokenizer, its stop tokens, token healing, and Qwen3's chat template.
-
-The `tokenizers` library does the byte-level BPE; the chat template, shipped as Jinja, is
-written here in plain Python, to read and test line by line.
-"""
+"""Text to token ids and back: a checkpoint's tokenizer, its stop tokens, token healing and Qwen3's chat template."""
 
 from __future__ import annotations
 
@@ -20,20 +16,14 @@ IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 MASK = "<|mask|>"  # only in this project's demo tokenizer: the drafter's "blank" token
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 
-# Turns Qwen3's reasoning off: our default, as the released drafters were trained without thinking traces.
-EMPTY_THINKING = f"{THINK_OPEN}\n\n{THINK_CLOSE}\n\n"
-
 
 class TokenizerError(ValueError):
     """A tokenizer, or a conversation, this code cannot handle. The message is one line a CLI can print."""
 
 
 # Tried in this order: the plain file wins. Compressed, a test fixture holds Qwen3's 11 MB vocabulary in 1.4 MB.
-TOKENIZER_FILES = {
-    "tokenizer.json": lambda path: path.read_text(encoding="utf-8"),
-    "tokenizer.json.xz": lambda path: lzma.decompress(path.read_bytes()).decode("utf-8"),
-    "tokenizer.json.gz": lambda path: gzip.decompress(path.read_bytes()).decode("utf-8"),
-}
+TOKENIZER_FILES = {"tokenizer.json": lambda data: data, "tokenizer.json.xz": lzma.decompress,
+                   "tokenizer.json.gz": gzip.decompress}  # each file's name -> how to get its bytes back
 
 
 def config_file(path: Path) -> dict:
@@ -42,32 +32,20 @@ def config_file(path: Path) -> dict:
 
 
 def find_stop_token_ids(folder: Path, raw: RawTokenizer | None) -> tuple[int, ...]:
-    """Every id that ends a reply, in the order the configs name them, without repeats: Qwen3 needs both
-    `generation_config.json`'s ids (`<|endoftext|>`) and `tokenizer_config.json`'s `eos_token` (`<|im_end|>`)."""
+    """Every id that ends a reply, in the configs' order, without repeats: Qwen3 needs both `generation_config.json`'s
+    ids (`<|endoftext|>`) and, when a vocabulary can look it up, `tokenizer_config.json`'s `eos_token`."""
     folder = Path(folder)
     eos_ids = config_file(folder / "generation_config.json").get("eos_token_id")  # an int or a list
     stop_ids = [eos_ids] if isinstance(eos_ids, int) else list(eos_ids) if isinstance(eos_ids, list) else []
-    if raw is None:
-        return tuple(dict.fromkeys(stop_ids))
-    eos_token = config_file(folder / "tokenizer_config.json").get("eos_token")
-    if isinstance(eos_token, dict):
-        eos_token = eos_token.get("content")  # how older files write it
-    if isinstance(eos_token, str):
-        eos_id = raw.token_to_id(eos_token)
-        if eos_id is None:
-            raise TokenizerError(f"{folder / 'tokenizer_config.json'}: eos_token {eos_token!r} is not in the vocab")
-        stop_ids.append(eos_id)
-    if not stop_ids:
-        stop_ids = [i for i in (raw.token_to_id(IM_END), raw.token_to_id(END_OF_TEXT)) if i is not None]
+    if raw is not None:
+        eos_token = config_file(folder / "tokenizer_config.json").get("eos_token")
+        eos_token = eos_token.get("content") if isinstance(eos_token, dict) else eos_token  # older files: a dict
+        if isinstance(eos_token, str):
+            if raw.token_to_id(eos_token) is None:
+                raise TokenizerError(f"{folder / 'tokenizer_config.json'}: eos_token {eos_token!r} is not in the vocab")
+            stop_ids.append(raw.token_to_id(eos_token))
+        stop_ids = stop_ids or [i for i in (raw.token_to_id(IM_END), raw.token_to_id(END_OF_TEXT)) if i is not None]
     return tuple(dict.fromkeys(stop_ids))  # dict keys: a union that keeps the order
-
-
-def split_thinking(content: str) -> tuple[str, str]:
-    """(reasoning, answer) of an assistant reply, split as the official template splits it."""
-    if THINK_CLOSE not in content:
-        return "", content
-    reasoning = content.split(THINK_CLOSE)[0].rstrip("\n").split(THINK_OPEN)[-1].lstrip("\n")
-    return reasoning, content.split(THINK_CLOSE)[-1].lstrip("\n")
 
 
 def index_of_last_user_query(messages: Sequence[Mapping[str, str]]) -> int:
@@ -75,62 +53,59 @@ def index_of_last_user_query(messages: Sequence[Mapping[str, str]]) -> int:
     for index in range(len(messages) - 1, -1, -1):
         content = messages[index].get("content") or ""
         is_tool_result = content.startswith("<tool_response>") and content.endswith("</tool_response>")
-        if messages[index]["role"] == "user" and not is_tool_result:
+        if messages[index].get("role") == "user" and not is_tool_result:
             return index
     return len(messages) - 1  # none: as in the official template, no reply counts as "after" it
 
 
 def apply_qwen3_chat_template(messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
                               enable_thinking: bool = False) -> str:
-    """The text Qwen3's official chat template renders (without tools).
-
-    Qwen3 was trained to see reasoning only in the turn it is working on: earlier replies lose their `<think>`.
-    """
+    """The text Qwen3's official Jinja chat template renders (without tools), in Python to read and test line by line.
+    Qwen3 was trained to see reasoning only in the turn it is working on: earlier replies lose their `<think>`."""
     if not messages:
         raise TokenizerError("apply_chat_template: the message list is empty")
-    for position, message in enumerate(messages):
-        if message.get("role") not in ("system", "user", "assistant"):
-            raise TokenizerError(f"apply_chat_template: message {position} has role {message.get('role')!r}; "
-                                 "expected 'system', 'user' or 'assistant'")
     last_query = index_of_last_user_query(messages)
     pieces = []
     for index, message in enumerate(messages):
-        role, content = message["role"], message.get("content") or ""
+        role, content = message.get("role"), message.get("content") or ""
         if role in ("system", "user"):
             pieces.append(f"{IM_START}{role}\n{content}{IM_END}\n")
             continue
+        if role != "assistant":
+            raise TokenizerError(f"apply_chat_template: message {index} has role {role!r}, not system/user/assistant")
         reasoning = message.get("reasoning_content")  # apart, as chat APIs return it, or inline in the content
-        reasoning, answer = (reasoning, content) if isinstance(reasoning, str) else split_thinking(content)
+        if not isinstance(reasoning, str):
+            reasoning = ""
+            if THINK_CLOSE in content:  # split as the official template splits it
+                reasoning = content.split(THINK_CLOSE)[0].rstrip("\n").split(THINK_OPEN)[-1].lstrip("\n")
+                content = content.split(THINK_CLOSE)[-1].lstrip("\n")
         if index > last_query and (index == len(messages) - 1 or reasoning):
-            reasoning, answer = reasoning.strip("\n"), answer.lstrip("\n")
-            answer = f"{THINK_OPEN}\n{reasoning}\n{THINK_CLOSE}\n\n{answer}"
-        pieces.append(f"{IM_START}assistant\n{answer}{IM_END}\n")
-    if add_generation_prompt:
-        pieces.append(f"{IM_START}assistant\n" + ("" if enable_thinking else EMPTY_THINKING))
+            reasoning, content = reasoning.strip("\n"), content.lstrip("\n")
+            content = f"{THINK_OPEN}\n{reasoning}\n{THINK_CLOSE}\n\n{content}"
+        pieces.append(f"{IM_START}assistant\n{content}{IM_END}\n")
+    if add_generation_prompt:  # thinking off by default: the released drafters were trained without thinking traces
+        pieces.append(f"{IM_START}assistant\n" + ("" if enable_thinking else f"{THINK_OPEN}\n\n{THINK_CLOSE}\n\n"))
     return "".join(pieces)
 
 
 class Tokenizer:
     """A checkpoint's tokenizer: encode, decode, stop tokens and the chat template."""
 
+    apply_chat_template = staticmethod(apply_qwen3_chat_template)
+
     def __init__(self, raw: RawTokenizer, stop_token_ids: Iterable[int]):
         self.raw = raw
+        self.token_to_id = raw.token_to_id  # a token written out -> its id, or None when the vocabulary lacks it
         self.stop_token_ids = tuple(stop_token_ids)
         self.mask_token_id = raw.token_to_id(MASK)  # what the drafter fills the slots it has not guessed with
         # A chat model's vocabulary has the turn markers; a raw code model's does not: its prompts stay plain text.
         self.has_chat_template = raw.token_to_id(IM_START) is not None and raw.token_to_id(IM_END) is not None
         self.special_ids = frozenset(raw.get_added_tokens_decoder())  # <|endoftext|>, <|im_start|>...
-        self._sorted_texts: list[str] | None = None  # every ordinary token's text, sorted: built on the first `heal`
-        self._sorted_ids: list[int] = []  # their ids, in the same order
-
-    @property
-    def vocab_size(self) -> int:
-        """Ids the tokenizer can produce, added tokens included; the embedding table is often larger (151936)."""
-        return self.raw.get_vocab_size(with_added_tokens=True)
+        self.vocab_size = raw.get_vocab_size(with_added_tokens=True)  # the embedding table may have more rows
+        self._sorted_vocab = None  # (texts, ids) of every ordinary token, sorted by text: built on the first `heal`
 
     def encode(self, text: str) -> list[int]:
-        """Token ids for `text`, adding nothing of our own; special tokens written in it (`<|im_start|>`,
-        `<think>`...) become their single ids, so a rendered chat template gives the ids the model trained on."""
+        """Token ids, none added; special tokens written out become their ids, as the model saw its chat template."""
         return self.raw.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:
@@ -138,11 +113,8 @@ class Tokenizer:
         return self.raw.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def heal(self, ids: Sequence[int]) -> tuple[list[int], list[int] | None]:
-        """Token healing: (the prompt without its last token, the tokens that may replace it), or (ids, None).
-
-        A prompt ending mid-token (a newline before indentation, a trailing space, half a word) ends in a
-        token the model rarely saw there; so drop it, and let the first new token be any that extends its text.
-        """
+        """(the prompt without its last token, the tokens that may replace it), or (ids, None). A prompt ending
+        mid-token (a trailing space, half a word) ends in a token the model rarely saw there: let it choose again."""
         ids = list(ids)
         if len(ids) < 2 or ids[-1] in self.special_ids:
             return ids, None
@@ -150,27 +122,15 @@ class Tokenizer:
         return (ids[:-1], choices) if len(choices) > 1 else (ids, None)
 
     def tokens_starting_with(self, piece: str) -> list[int]:
-        """Ids of every ordinary token whose text (in the vocabulary's own alphabet) starts with `piece`.
-
-        Byte-level BPE spells each byte as one character, so a string prefix is a byte prefix; in the
-        vocabulary sorted once per tokenizer, the tokens sharing a prefix sit together: two binary searches.
-        """
-        if self._sorted_texts is None:
-            ordinary = sorted((text, i) for text, i in self.raw.get_vocab(with_added_tokens=False).items()
-                              if i not in self.special_ids)
-            self._sorted_texts, self._sorted_ids = [text for text, _ in ordinary], [i for _, i in ordinary]
-        first = bisect.bisect_left(self._sorted_texts, piece)
-        last = bisect.bisect_left(self._sorted_texts, piece + "\U0010ffff")  # just past every extension of `piece`
-        return sorted(self._sorted_ids[first:last])
-
-    def token_to_id(self, token: str) -> int | None:
-        """The id of one token written out, or None when the vocabulary lacks it."""
-        return self.raw.token_to_id(token)
-
-    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
-                            enable_thinking: bool = False) -> str:
-        """The conversation as Qwen3 expects to read it (see `apply_qwen3_chat_template`)."""
-        return apply_qwen3_chat_template(messages, add_generation_prompt, enable_thinking)
+        """Ids of every ordinary token whose text (in the vocabulary's own alphabet) starts with `piece`: byte-level
+        BPE spells a byte as one character, so in the sorted vocabulary they sit together (two binary searches)."""
+        if self._sorted_vocab is None:
+            vocab = self.raw.get_vocab(with_added_tokens=False).items()
+            self._sorted_vocab = tuple(zip(*sorted((text, i) for text, i in vocab if i not in self.special_ids)))
+        texts, ids = self._sorted_vocab
+        first = bisect.bisect_left(texts, piece)
+        last = bisect.bisect_left(texts, piece + "\U0010ffff")  # just past every extension of `piece`
+        return sorted(ids[first:last])
 
     def encode_chat(self, messages: Sequence[Mapping[str, str]], add_generation_prompt: bool = True,
                     enable_thinking: bool = False) -> list[int]:
@@ -202,11 +162,11 @@ def load_tokenizer(folder: str | Path) -> Tokenizer:
     folder = Path(folder)
     if not folder.is_dir():
         raise TokenizerError(f"{folder}: not a folder (expected a checkpoint folder with tokenizer.json)")
-    for name, read_text in TOKENIZER_FILES.items():
+    for name, decompress in TOKENIZER_FILES.items():
         path = folder / name
         if path.is_file():
             try:
-                raw = RawTokenizer.from_str(read_text(path))
+                raw = RawTokenizer.from_str(decompress(path.read_bytes()).decode("utf-8"))
             except Exception as error:  # corrupt archive, bad JSON, unknown model type...
                 raise TokenizerError(f"{path}: cannot read tokenizer ({error})") from error
             return Tokenizer(raw, find_stop_token_ids(folder, raw))
