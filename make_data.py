@@ -1,12 +1,9 @@
-"""Let a Qwen3 target answer prompts: the training data of a DFlash drafter.
+"""Let a Qwen3 target answer prompts: a drafter's training data, written here and read back (`load_sequences`).
 
-A drafter is only useful if it guesses what *this target* will say, so it learns from the target's own
-answers, to prompts rendered as `generate.py` renders them. The output is JSONL, as `train.py --data` reads it:
-
+A drafter must guess what *this* target says, so it learns the target's own answers to prompts rendered as
+`generate.py` renders them, one JSONL line per prompt (`index` makes the file resumable; `input_ids` is the prompt,
+its last tokens if too long for the context, then the answer; `loss_mask` is 1 on the answer only):
     {"index": 7, "input_ids": [151644, 872, ..., 151645], "loss_mask": [0, 0, ..., 1, 1]}
-
-`index` (the prompt's place in the prompt file) makes the file resumable; `input_ids` is the prompt (its
-last tokens, if too long for the context) then the answer; `loss_mask` is 1 on the answer only.
 """
 
 from __future__ import annotations
@@ -18,10 +15,11 @@ from pathlib import Path
 from typing import Sequence, TextIO
 
 import torch
+from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
 from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_token_ids, jsonl_records, pick_device,
-                        pick_dtype, run_cli)
+                        pick_dtype, positive_int, run_cli)
 from dflash.prompts import PROMPT_FORMAT, add_prompt_options, encode_for_generation, read_prompts
 from dflash.qwen3 import Qwen3
 from dflash.sampling import Sampling, add_sampling_options, keep_only, sample, sampling_of
@@ -43,12 +41,8 @@ def encode_prompts(path: Path, tokenizer, chat: bool | None, thinking: bool, tok
 def generate_batch(target: Qwen3, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling | float,
                    stop_ids: Sequence[int], generator: torch.Generator | None,
                    first_token_choices: Sequence[list[int] | None] | None = None) -> list[list[int]]:
-    """Let the target answer several prompts at once; return each answer (cut after its stop token).
-
-    Left padding puts every row's next token at the same position, so one static cache serves the batch;
-    `key_padding` hides the padding and RoPE sees only position differences, so each row computes what it
-    would alone. `first_token_choices[row]` restricts that row's first new token (token healing).
-    """
+    """Each prompt's answer, cut after its stop token, left-padded into one cache: `key_padding` hides the padding and
+    RoPE sees only differences, so a row computes what it would alone. `first_token_choices[row]` heals that row."""
     device = target.embed_tokens.weight.device
     batch, longest = len(prompts), max(len(p) for p in prompts)
     total = longest + max_new_tokens
@@ -106,8 +100,6 @@ def open_for_append(path: Path) -> TextIO:
 
 def make_data(args: argparse.Namespace) -> int:
     """Answer every prompt `--out` does not answer yet, a batch at a time, appending as we go."""
-    if args.max_new_tokens < 1 or args.batch_size < 1:
-        raise UsageError("--max-new-tokens and --batch-size must be positive")
     sampling = sampling_of(args, args.target)
     device = pick_device(args.device)
     target = Qwen3.from_pretrained(args.target, device=device, dtype=pick_dtype(args.dtype, device))
@@ -141,6 +133,32 @@ def make_data(args: argparse.Namespace) -> int:
     return 0
 
 
+def load_sequences(path: Path, max_seq_len: int, vocab_size: int) -> list[tuple[list[int], list[int]]]:
+    """The data read back for training: (input_ids, loss_mask) pairs, cut to max_seq_len; a sequence where no block
+    can start (a block needs two answer tokens in a row: `train.valid_anchor_positions`) is dropped."""
+    sequences = []
+    for where, record in jsonl_records(path, "data file"):
+        ids, mask = (record.get("input_ids"), record.get("loss_mask")) if isinstance(record, dict) else (None, None)
+        if not isinstance(ids, list) or not isinstance(mask, list) or len(ids) != len(mask):
+            raise UsageError(f"{where}: needs input_ids and loss_mask lists of equal length")
+        if any(not isinstance(i, int) or not 0 <= i < vocab_size for i in ids):
+            raise UsageError(f"{where}: input_ids must be integers in 0..{vocab_size - 1}")
+        ids, mask = ids[:max_seq_len], [int(bool(m)) for m in mask[:max_seq_len]]
+        if any(this and following for this, following in zip(mask, mask[1:])):
+            sequences.append((ids, mask))
+    if not sequences:
+        raise UsageError(f"{path}: the dataset yields no valid block (no two answer tokens in a row "
+                         f"within --max-seq-len {max_seq_len})")
+    return sequences
+
+
+def collate(sequences: list[tuple[list[int], list[int]]], device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad to the longest: (batch, S) ids and loss mask. Padding has mask 0: no anchor or label reaches it."""
+    input_ids = pad_sequence([torch.tensor(ids) for ids, _ in sequences], batch_first=True)  # (batch, S)
+    loss_mask = pad_sequence([torch.tensor(mask) for _, mask in sequences], batch_first=True)  # (batch, S)
+    return input_ids.to(device), loss_mask.to(device)
+
+
 EXAMPLES = f"""\
 examples:
   # the target answers every prompt (chat template, thinking off, greedy; raw text token-healed);
@@ -164,8 +182,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompts", type=Path, required=True, help="prompt file (format below)")
     parser.add_argument("--out", type=Path, required=True, help="JSONL to append records to (resumed if it exists)")
     parser.add_argument("--tokenizer", type=Path, help="tokenizer folder (default: the target's, if it has one)")
-    parser.add_argument("--max-new-tokens", type=int, default=512, help="longest answer (default: 512)")
-    parser.add_argument("--batch-size", type=int, default=16, help="prompts answered at once (default: 16)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=512, help="longest answer (default: 512)")
+    parser.add_argument("--batch-size", type=positive_int, default=16, help="prompts answered at once (default: 16)")
     parser.add_argument("--seed", type=int, default=0, help="for sampling at temperature > 0 (default: 0)")
     add_sampling_options(parser, draft_policy=False)
     add_prompt_options(parser)

@@ -1,15 +1,10 @@
-"""Train a DFlash drafter for a frozen Qwen3 target, from scratch.
+"""Train a DFlash drafter for a frozen Qwen3 target, from scratch: the recipe, then the loop (docs/training.md).
 
-The recipe first. The data (`make_data.py`) is the target's own answers, since the drafter must predict what
-*this* target says. The frozen target reads each sequence once; its hidden states after `target_layer_ids` are
-the drafter's context, as at inference. Each step picks fresh anchors a inside the answers: the block [x_a, MASK,
-..., MASK] at positions a..a+B-1 is what the drafter sees right after x_a is verified. All blocks of a sequence
-run in one forward, each seeing the context strictly before its anchor and all of itself (`AnchoredBlocks`).
-Slot k predicts x_{a+k} through the target's LM head, weighted exp(-(k-1)/gamma): a draft is only accepted up to
-its first miss.
-
-Then the loop: step, log, checkpoint, evaluate by real speculative decoding. Only the drafter trains; torchrun
-runs it data-parallel. At scale: docs/training.md.
+The data is the target's own answers (`make_data.py`); the frozen target reads each once, and its hidden states
+after `target_layer_ids` are the drafter's context. Each step draws anchors a in the answers: the block [x_a, MASK,
+..., MASK] at a..a+B-1 is what the drafter sees once x_a is verified; all blocks run in one forward, each seeing the
+context before its anchor and itself (`AnchoredBlocks`). Slot k predicts x_{a+k} through the target's LM head,
+weighted exp(-(k-1)/gamma) as a draft counts up to its first miss. torchrun runs the loop data-parallel.
 """
 
 from __future__ import annotations
@@ -21,7 +16,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -29,7 +24,8 @@ from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
-from dflash.cli import OneLineErrors, UsageError, add_device_options, int_list, jsonl_records, pick_dtype, run_cli
+from dflash.cli import (HelpWithDefaults, OneLineErrors, UsageError, add_device_options, checked, int_list, pick_dtype,
+                        positive, positive_int, run_cli)
 from dflash.drafter import Drafter, DrafterConfig, check_fits, default_target_layer_ids
 from dflash.prompts import PROMPT_FORMAT
 from dflash.qwen3 import Qwen3, Qwen3Config
@@ -39,7 +35,7 @@ from dflash.training import (Distributed, batch_indices, cosine_with_warmup, dis
                              load_training_state, optimizer_step, prepare_run_folder, refuse_changes, restore_snapshot,
                              save_training_state, snapshot, steps_per_epoch, stop_on_signals, unwrap, wrap_for_training)
 from generate import generate_dflash
-from make_data import encode_prompts
+from make_data import collate, encode_prompts, load_sequences
 
 IGNORE = -100  # cross_entropy's ignore_index: this slot has no label
 # What --resume may change: when to stop, what to log and evaluate, where to run. The rest must be as saved.
@@ -48,8 +44,7 @@ MAY_CHANGE_ON_RESUME = ("resume", "force", "minutes", "stop_at", "eval_prompts",
 
 
 def valid_anchor_positions(loss_mask: torch.Tensor) -> torch.Tensor:
-    """Positions a (of one sequence) where inference drafts a block: x_a and x_{a+1} are both answer tokens
-    (the prefill yields the first answer token, so no block starts at the prompt's last one)."""
+    """Where inference drafts a block: x_a and x_{a+1} are answer tokens (the prefill yields the first answer token)."""
     answer = loss_mask == 1
     return (answer[:-1] & answer[1:]).nonzero()[:, 0]  # (n,): a such that a + 1 < S
 
@@ -113,7 +108,7 @@ def slot_weights(block_size: int, gamma: float) -> torch.Tensor:
 def drafter_loss(target: Qwen3, drafter: nn.Module, input_ids: torch.Tensor, loss_mask: torch.Tensor,
                  anchors: torch.Tensor, real: torch.Tensor, config: DrafterConfig, weights: torch.Tensor,
                  loss_chunk_size: int = 512, dense_attention: bool = False):
-    """Weighted cross-entropy of every block slot: (loss, correct (B,), counted (B,)) for the logs. `dense_attention`
+    """Weighted cross-entropy of every block slot, and (correct, counted) per slot (B,) for the logs. `dense_attention`
     and `loss_chunk_size` 0 take the dense ways, the references the fast ones are tested against."""
     block_size = config.block_size
     with torch.no_grad():  # the frozen target: its features are an input, not part of the graph
@@ -143,34 +138,12 @@ def estimated_tau(correct: torch.Tensor, counted: torch.Tensor) -> float:
     return 1.0 + torch.cumprod(accuracy, dim=0).sum().item()
 
 
-def load_sequences(path: Path, max_seq_len: int, vocab_size: int) -> list[tuple[list[int], list[int]]]:
-    """(input_ids, loss_mask) pairs, cut to max_seq_len; sequences where no block can start are dropped."""
-    sequences = []
-    for where, record in jsonl_records(path, "data file"):
-        ids, mask = (record.get("input_ids"), record.get("loss_mask")) if isinstance(record, dict) else (None, None)
-        if not isinstance(ids, list) or not isinstance(mask, list) or len(ids) != len(mask):
-            raise UsageError(f"{where}: needs input_ids and loss_mask lists of equal length")
-        if any(not isinstance(i, int) or not 0 <= i < vocab_size for i in ids):
-            raise UsageError(f"{where}: input_ids must be integers in 0..{vocab_size - 1}")
-        ids, mask = ids[:max_seq_len], [int(bool(m)) for m in mask[:max_seq_len]]
-        if len(valid_anchor_positions(torch.tensor(mask))):
-            sequences.append((ids, mask))
-    if not sequences:
-        raise UsageError(f"{path}: the dataset yields no valid block (no two answer tokens in a row "
-                         f"within --max-seq-len {max_seq_len})")
-    return sequences
-
-
-def collate(sequences: list[tuple[list[int], list[int]]], device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad to the longest: (batch, S) ids and loss mask. Padding has mask 0: no anchor or label reaches it."""
-    input_ids = pad_sequence([torch.tensor(ids) for ids, _ in sequences], batch_first=True)  # (batch, S)
-    loss_mask = pad_sequence([torch.tensor(mask) for _, mask in sequences], batch_first=True)  # (batch, S)
-    return input_ids.to(device), loss_mask.to(device)
-
-
 def build_drafter_config(cfg: TrainConfig, target: Qwen3Config, tokenizer) -> DrafterConfig:
     """The drafter's shape: the target's width (its features and embeddings feed it), its depth our choice."""
-    if cfg.mask_token_id is not None:  # check_fits refuses one outside the vocabulary
+    if cfg.mask_token_id is not None:
+        if not 0 <= cfg.mask_token_id < target.vocab_size:
+            raise UsageError(f"--mask-token-id {cfg.mask_token_id} is outside the target's vocabulary "
+                             f"(0..{target.vocab_size - 1})")
         mask_token_id = cfg.mask_token_id
     elif tokenizer is not None and tokenizer.mask_token_id is not None:
         mask_token_id = tokenizer.mask_token_id
@@ -214,9 +187,8 @@ def evaluate_tau(target: Qwen3, drafter: Drafter, prompts: list[list[int]], max_
     """Real speculative decoding, greedy: (tokens committed, verification steps) over the prompts; tau = their ratio.
     The drafter runs in the target's dtype, as in use; `first_token_choices[i]` heals prompt i's first token."""
     weight = target.embed_tokens.weight
-    copy = Drafter(drafter.config).to(device=weight.device)
-    copy.load_state_dict(drafter.state_dict())
-    copy = copy.to(dtype=weight.dtype).eval()
+    copy = Drafter(drafter.config).to(weight.device, weight.dtype).eval()
+    copy.load_state_dict(drafter.state_dict())  # cast to the target's dtype
     copy.rotary.inv_freq = copy.rotary.inverse_frequencies(weight.device)  # float32, as loading keeps them
     tokens = steps = 0
     for prompt, choices in zip(prompts, first_token_choices or [None] * len(prompts)):
@@ -226,13 +198,9 @@ def evaluate_tau(target: Qwen3, drafter: Drafter, prompts: list[list[int]], max_
     return float(tokens), float(steps)
 
 
-# ------------------------------------------------------------------ the loop
-
-
 def train(cfg: TrainConfig, place: Distributed) -> dict:
-    """Train (or resume) in this process's place of the job; return the last log record. When due: a log record,
-    a checkpoint, an evaluation, in that order, so that a failing evaluation never loses the run. Ctrl-C or
-    SIGTERM ends the step under way and saves; the record then names the signal (`stopped_by`)."""
+    """Train (or resume) this process's share; return the last log record. When due: log, checkpoint, then evaluate
+    (a failing evaluation never loses the run). Ctrl-C or SIGTERM ends the step, saves, and sets `stopped_by`."""
     out, device = Path(cfg.out), place.device
     state_path, log_path = out / "training_state.pt", out / "train_log.jsonl"
     if place.main:
@@ -255,12 +223,13 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
         optimizer, lambda step: cosine_with_warmup(step, total_steps, cfg.warmup))
     anchor_generator = torch.Generator().manual_seed(cfg.seed * 7919 + place.rank)
     weights = slot_weights(cfg.block_size, cfg.gamma or gamma_for_block_size(cfg.block_size))
+    run = {"target_config": asdict(target.config), "train_config": vars(cfg), "drafter_config": config.to_dict()}
     step, elapsed_before = 0, 0.0
     if cfg.resume:  # the same target, options and drafter (a default or the tokenizer may change the drafter too)
         state = load_training_state(state_path)
-        refuse_changes(state["target_config"], asdict(target.config), f"{state_path}: trained for another target:")
-        refuse_changes(state["train_config"], vars(cfg), "--resume: the option", MAY_CHANGE_ON_RESUME)
-        refuse_changes(state["drafter_config"], config.to_dict(), "--resume: the drafter's")
+        refuse_changes(state["target_config"], run["target_config"], f"{state_path}: trained for another target:")
+        refuse_changes(state["train_config"], run["train_config"], "--resume: the option", MAY_CHANGE_ON_RESUME)
+        refuse_changes(state["drafter_config"], run["drafter_config"], "--resume: the drafter's")
         restore_snapshot(state, model, optimizer, scheduler, place, cfg.fsdp, anchors=anchor_generator)
         step, elapsed_before = state["step"], state["elapsed"]
         if place.main:
@@ -268,10 +237,8 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
 
     began = last_save = time.perf_counter()
     sums = torch.zeros(3, cfg.block_size, device=device)  # since the last log line: loss at [0, 0], hits, counts
-    steps_since_log = tokens_seen = 0
-    record, signaled = {}, False
-    bar = tqdm(total=total_steps, initial=step, disable=not place.main, unit="step")
-    with stop_on_signals() as stop:
+    logged_at, tokens_seen, record, signaled = step, 0, {}, False
+    with stop_on_signals() as stop, tqdm(total=total_steps, initial=step, disable=not place.main, unit="step") as bar:
         while step < total_steps:
             batch = [sequences[i] for i in batch_indices(len(sequences), cfg.batch_size, step, cfg.seed, place)]
             input_ids, loss_mask = collate(batch, device)  # (batch, S) each
@@ -281,7 +248,7 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
                                                       weights, cfg.loss_chunk_size, cfg.dense_attention)
             optimizer_step(loss, model, optimizer, cfg.grad_clip)
             scheduler.step()
-            step, steps_since_log = step + 1, steps_since_log + 1
+            step += 1
             tokens_seen += sum(len(ids) for ids, _ in batch)
             sums[0, 0] += loss.detach()
             sums[1:] += torch.stack([correct, counted])  # (2, B)
@@ -295,15 +262,14 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
             evaluating = bool(cfg.eval_prompts) and not signaled and (
                 step == total_steps or (cfg.eval_every > 0 and step % cfg.eval_every == 0))
             logging = step % cfg.log_every == 0 or stopping or evaluating
-            if logging:  # pooled over all processes
-                totals = place.sum(sums.clone())  # (3, B): the loss at [0, 0], hits per slot, labelled slots per slot
-                accuracy = (totals[1, 1:] / totals[2, 1:].clamp(min=1)).tolist()
-                record = {"step": step, "loss": totals[0, 0].item() / place.world / steps_since_log,
-                          "slot_accuracy": [round(a, 4) for a in accuracy],
-                          "tau_estimate": round(estimated_tau(totals[1], totals[2]), 4),
+            if logging:
+                place.sum(sums)  # (3, B), pooled over all processes in place: loss at [0, 0], hits, labelled slots
+                accuracy = [round(a, 4) for a in (sums[1, 1:] / sums[2, 1:].clamp(min=1)).tolist()]
+                record = {"step": step, "loss": sums[0, 0].item() / place.world / (step - logged_at),
+                          "slot_accuracy": accuracy, "tau_estimate": round(estimated_tau(sums[1], sums[2]), 4),
                           "lr": scheduler.get_last_lr()[0], "elapsed": round(elapsed_before + seconds, 2)}
                 sums.zero_()
-                steps_since_log = 0
+                logged_at = step
             if stopping or save_by_clock or (cfg.save_every > 0 and step % cfg.save_every == 0):
                 state = snapshot(model, optimizer, scheduler, place, cfg.fsdp, anchors=anchor_generator)
                 last_save = time.perf_counter()
@@ -311,66 +277,34 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
                     release = Drafter(config)
                     release.load_state_dict(state["model"])
                     release.save_pretrained(out)
-                    save_training_state(state_path, {**state, "step": step, "elapsed": elapsed_before + seconds,
-                                                     "target_config": asdict(target.config), "train_config": vars(cfg),
-                                                     "drafter_config": config.to_dict()})
+                    save_training_state(state_path, {**state, **run, "step": step,
+                                                     "elapsed": elapsed_before + seconds})
             if evaluating:
                 totals = evaluate_tau(target, unwrap(model), [ids for ids, _ in prompts], cfg.eval_max_new_tokens,
                                       cfg.block_size, stop_ids, [choices for _, choices in prompts])
                 tokens, verifications = place.sum(torch.tensor(totals, device=device)).tolist()
                 record["eval_tau"] = tokens / verifications if verifications else None
             if logging and place.main:
-                write_log(log_path, record, bar, place.world * tokens_seen / max(seconds, 1e-9))
+                with open(log_path, "a") as log:
+                    log.write(json.dumps(record) + "\n")
+                shown = {"loss": f"{record['loss']:.3f}", "acc1": f"{accuracy[0]:.2f}",
+                         "acc_mean": f"{sum(accuracy) / len(accuracy):.2f}", "tau~": f"{record['tau_estimate']:.2f}",
+                         "tok/s": f"{place.world * tokens_seen / max(seconds, 1e-9):.0f}"}
+                if record.get("eval_tau") is not None:
+                    shown["eval_tau"] = f"{record['eval_tau']:.2f}"
+                bar.set_postfix(shown)
             if stopping:
                 break
-    bar.close()
     if signaled:
         record["stopped_by"] = stop.name or "SIGTERM"  # another process's signal: a scheduler's, as a rule
     return record
 
 
-def write_log(log: Path, record: dict, bar: tqdm, tokens_per_second: float) -> None:
-    """Append the record to the run's log and show it on the progress bar."""
-    with open(log, "a") as file:
-        file.write(json.dumps(record) + "\n")
-    accuracy, eval_tau = record["slot_accuracy"], record.get("eval_tau")
-    shown = {"loss": f"{record['loss']:.3f}", "acc1": f"{accuracy[0]:.2f}",
-             "acc_mean": f"{sum(accuracy) / len(accuracy):.2f}", "tau~": f"{record['tau_estimate']:.2f}",
-             "tok/s": f"{tokens_per_second:.0f}", "eval_tau": None if eval_tau is None else f"{eval_tau:.2f}"}
-    bar.set_postfix({name: value for name, value in shown.items() if value is not None})
-
-
-# ------------------------------------------------------------ the command line
-
-
-def checked(kind: type, rule: str, ok: Callable) -> Callable[[str], object]:
-    """An argparse type refusing, in one `error:` line, a value that would only fail (or train nonsense) later."""
-    def parse(text: str):
-        value = kind(text)
-        if not ok(value):
-            raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
-        return value
-
-    parse.__name__ = kind.__name__  # as argparse names it: "invalid int value"
-    return parse
-
-
-positive_int, positive = checked(int, "positive", lambda x: x > 0), checked(float, "positive", lambda x: x > 0)
-
-
-class Help(argparse.RawDescriptionHelpFormatter):
-    """--help shows each option's default where it has a value, and the epilog as written."""
-
-    def _get_help_string(self, action):
-        unset = any(action.default is none for none in (None, False, argparse.SUPPRESS)) or "(default:" in action.help
-        return action.help + ("" if unset else " (default: %(default)s)")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """Every option of a run and its default: the whole configuration, saved with the run (`TrainConfig`)."""
-    parser = OneLineErrors(description="Train a DFlash drafter for a frozen Qwen3 target.", formatter_class=Help,
-                           epilog=f"--eval-prompts: {PROMPT_FORMAT}\n\nCtrl-C or SIGTERM saves and exits "
-                           "(130 / 143). Examples, torchrun, memory, the log: docs/training.md.")
+    parser = OneLineErrors(description="Train a DFlash drafter for a frozen Qwen3 target.", epilog=(
+        f"--eval-prompts: {PROMPT_FORMAT}\n\nCtrl-C or SIGTERM saves and exits (130 / 143). Examples, torchrun, "
+        "memory, the log: docs/training.md."), formatter_class=HelpWithDefaults)
     add = parser.add_argument
     add("--target", required=True, help="the frozen target's checkpoint folder")
     add("--data", required=True, help="JSONL written by make_data.py: input_ids and loss_mask per line")

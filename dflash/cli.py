@@ -1,6 +1,5 @@
 """What every program shares. Bad input (an argument, a file, a checkpoint that does not fit) ends a program
-with one `error: ...` line and exit status 2; anything else is a bug and keeps its traceback.
-"""
+with one `error: ...` line and exit status 2; anything else is a bug and keeps its traceback."""
 
 from __future__ import annotations
 
@@ -63,6 +62,29 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
     return getattr(torch, name)
+
+
+def checked(kind: type, rule: str, ok: Callable) -> Callable[[str], object]:
+    """An argparse type refusing, in one `error:` line, a value that would only fail (or train nonsense) later."""
+    def parse(text: str):
+        value = kind(text)
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # as argparse names it: "invalid int value"
+    return parse
+
+
+positive_int, positive = checked(int, "positive", lambda x: x > 0), checked(float, "positive", lambda x: x > 0)
+
+
+class HelpWithDefaults(argparse.RawDescriptionHelpFormatter):
+    """--help shows each option's default where it has a value, and the epilog as written."""
+
+    def _get_help_string(self, action):
+        unset = any(action.default is none for none in (None, False, argparse.SUPPRESS)) or "(default:" in action.help
+        return action.help + ("" if unset else " (default: %(default)s)")
 
 
 def int_list(text: str) -> list[int]:

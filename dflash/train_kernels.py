@@ -1,9 +1,6 @@
-"""Drafter training at real scale: exact replacements for its two dense costs.
-
-At the paper's settings neither the LM-head loss (slots x vocabulary logits) nor the block attention
-(K*B x (S + K*B) scores, most of them masked) fits. `chunked_lm_head_loss` takes the loss a chunk of
-slots at a time; `AnchoredBlocks` skips what the mask hides. The tests compare both with the dense ways.
-"""
+"""Exact replacements for drafter training's two dense costs, which do not fit at the paper's settings (tested against
+the dense ways): the LM-head loss (slots x vocabulary logits) a chunk of slots at a time (`chunked_lm_head_loss`), and
+the block attention (K*B x (S + K*B) scores, most masked) skipping what the mask hides (`AnchoredBlocks`)."""
 
 from __future__ import annotations
 
@@ -65,11 +62,8 @@ def chunked_lm_head_loss(hidden: torch.Tensor, head: torch.Tensor, labels: torch
 
 @dataclass
 class AnchoredBlocks:
-    """The training attention of `train.py`: block j sees context c < a_j, all of itself, no other block.
-
-    Keys are [context (S) ; blocks (K*B)], queries the K*B block slots; c < a_j because at inference the feature
-    of x_{a_j} does not exist yet. The drafter calls `attend`, which never computes a score the pattern hides.
-    """
+    """`train.py`'s attention, keys [context (S) ; blocks (K*B)]: block j sees all of itself, no other block, and
+    context c < a_j (at inference x_{a_j}'s feature does not exist yet). `attend` skips every score this hides."""
 
     anchors: torch.Tensor  # (batch, K), sorted along each row (padding blocks may sit at 0)
     context_length: int  # S
@@ -116,9 +110,8 @@ class AnchoredBlocks:
         return compiled_flex_attention()(q, k, v, block_mask=self._flex_mask, enable_gqa=True)
 
     def flex_block_mask(self, num_queries: int, num_keys: int, device):
-        """The pattern as FlexAttention's block mask, listed tile by tile from the anchors (a query tile needs
-        the context tiles up to its largest anchor, and its own blocks' tiles), never through the dense mask
-        that `create_block_mask` would evaluate first. `visible` decides inside each listed tile."""
+        """FlexAttention's block mask, listed tile by tile from the anchors (a query tile needs the context tiles up to
+        its largest anchor, and its own blocks'), not from the dense mask `create_block_mask` would evaluate first."""
         from torch.nn.attention.flex_attention import BlockMask
 
         anchors, block, length, tile = self.anchors.to(device), self.block_size, self.context_length, 128  # Flex's tile

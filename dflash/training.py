@@ -1,8 +1,5 @@
-"""What a training loop needs around its recipe, written once for `train.py` and the demo target's trainer.
-
-A place in a torchrun job and its share of each epoch, DDP or FSDP2, an exact resume (plain tensors written
-atomically, a stop on Ctrl-C or SIGTERM that saves first) and the loop's small parts. It imports no model.
-"""
+"""What a training loop needs around its recipe, for `train.py` and the demo target's trainer; it imports no model:
+a place in a torchrun job, DDP or FSDP2, an exact resume (atomic writes; Ctrl-C or SIGTERM saves first)."""
 
 from __future__ import annotations
 

@@ -518,7 +518,7 @@ def test_anchor_is_never_the_last_prompt_token(tmp_path):
     data = tmp_path / "data.jsonl"  # no two answer tokens in a row: nothing an inference block would draft
     data.write_text(json.dumps({"input_ids": [5, 6, 7, 8], "loss_mask": [0, 0, 1, 0]}) + "\n")
     with pytest.raises(UsageError, match="no valid block"):
-        train.load_sequences(data, max_seq_len=16, vocab_size=512)
+        make_data.load_sequences(data, max_seq_len=16, vocab_size=512)
 
 
 # ------------------------------------------------------------------ the CLI's errors
@@ -556,6 +556,9 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     assert "--force" in one_error_line(capsys, train_argv(data, tmp_path / "e", "--resume", "--force"))
     assert "nothing to resume" in one_error_line(capsys, train_argv(data, tmp_path / "f", "--resume"))
     assert "--target-layer-ids" in one_error_line(capsys, train_argv(data, tmp_path / "g", "--target-layer-ids", "1,x"))
+    for outside in ("512", "-1"):  # the tiny target's vocabulary is 0..511
+        assert f"--mask-token-id {outside}" in one_error_line(capsys, train_argv(data, tmp_path / "h",
+                                                                                 "--mask-token-id", outside))
 
 
 def test_resume_with_another_target_is_refused(tmp_path, capsys):
@@ -657,8 +660,9 @@ def test_the_tau_evaluation_keeps_ropes_frequencies_in_float32(monkeypatch):
 
 
 @pytest.mark.parametrize("extra", [["--temperature", "0.7", "--top-p", "1.5"], ["--temperature", "0.7", "--top-k", "-3"],
-                                   ["--temperature", "0.7", "--min-p", "-0.5"], ["--temperature", "-1"]])
-def test_make_data_refuses_bad_sampling_options_in_one_line(tmp_path, capsys, extra):
+                                   ["--temperature", "0.7", "--min-p", "-0.5"], ["--temperature", "-1"],
+                                   ["--batch-size", "0"], ["--max-new-tokens", "0"]])
+def test_make_data_refuses_bad_options_in_one_line(tmp_path, capsys, extra):
     write_prompts(tmp_path / "prompts.jsonl", 2, seed=0)
     argv = make_data_argv(tmp_path / "prompts.jsonl", tmp_path / "data.jsonl", *extra)
     assert "must be" in one_error_line(capsys, argv, make_data.main)
