@@ -206,8 +206,8 @@ class ModelRunner(TreeSteps):
 
 def begin(target: Qwen3, drafter: Drafter | None, prompt_ids: Sequence[int], max_new_tokens: int, runner,
           block_size: int, tree_budget: int, sampling: Sampling, generator, first_token_choices, stop_ids, on_token):
-    """What every loop does first: refuse (one line, before any cache is allocated) what the models or the
-    runner cannot serve, build a runner if none was given, prefill, and commit the first new token."""
+    """Every loop's start: refuse (one line, before any cache is allocated) what the models or the runner cannot
+    serve, build a runner if none was given, prefill, and commit the first new token."""
     n, limit, device = len(prompt_ids), target.config.max_position_embeddings, target.embed_tokens.weight.device
     slots = n + max_new_tokens + max(block_size, tree_budget + 1)  # the last block or tree may reach past the output
     if not prompt_ids:
@@ -253,13 +253,10 @@ def generate_dflash(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int], 
                     draft_policy: str = "greedy", stop_ids: Sequence[int] = (), generator=None,
                     on_token: OnToken | None = None, runner: ModelRunner | None = None,
                     first_token_choices: Sequence[int] | None = None) -> Generation:
-    """Speculative decoding with a DFlash drafter: draft a block, verify it, keep the agreeing prefix.
-
-    A draft is kept exactly when it equals the token the target commits at its slot (`verdicts`), and
-    the target's token after the kept drafts is committed too: the output follows the law of
-    `generate_autoregressive`'s, and equals it when greedy. Above temperature 0, `draft_policy` says
-    which drafts are the drafter's argmax (`greedy`) or drawn from it (`sampled`; `mixed:K`: K slots).
-    """
+    """Speculative decoding: draft a block, verify it, keep the drafts that equal the token the target commits
+    at their slot (`verdicts`) and the target's token after them. The output follows `generate_autoregressive`'s
+    law (equals it, greedy). `draft_policy`: drafts are the drafter's argmax (`greedy`) or drawn (`sampled`;
+    `mixed:K`: the first K)."""
     sampling = sampling or Sampling(temperature)
     block_size = block_size or (runner.block_size if runner is not None else drafter.config.block_size)
     sampled = sampled_slots(draft_policy, block_size, sampling)
@@ -285,12 +282,9 @@ def generate_dflash_tree(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[i
                          budget: int, block_size: int | None = None, temperature=0.0, sampling: Sampling | None = None,
                          stop_ids: Sequence[int] = (), generator=None, on_token: OnToken | None = None,
                          runner: ModelRunner | None = None, first_token_choices: Sequence[int] | None = None):
-    """Speculative decoding with a tree of the `budget` continuations the drafter finds likeliest.
-
-    The target checks every node in one pass (`dflash/tree.py`); the walk keeps the path along which
-    every draft equals the target's own token, plus the target's token after it. The children are
-    chosen, not sampled: sampled children would need a multi-draft rule.
-    """
+    """Speculative decoding with a tree of the `budget` continuations the drafter finds likeliest, all checked
+    in one pass (`dflash/tree.py`); the walk keeps the path the target agrees with, plus its token after it.
+    Children are chosen, not sampled: sampled children would need a multi-draft rule."""
     sampling = sampling or Sampling(temperature)
     block_size = block_size or (runner.block_size if runner is not None else drafter.config.block_size)
     if budget < 1:

@@ -116,8 +116,7 @@ class Drafter(nn.Module):
         for index, layer in enumerate(self.layers):
             inputs = (x, context, block_rope, context_rope, mask, cache, index, context_positions, block_positions,
                       num_keys, pattern)
-            x = torch.utils.checkpoint.checkpoint(layer, *inputs, use_reentrant=False) if recompute \
-                else layer(*inputs)
+            x = torch.utils.checkpoint.checkpoint(layer, *inputs, use_reentrant=False) if recompute else layer(*inputs)
         return self.norm(x)
 
     def new_cache(self, max_length: int, batch: int = 1) -> KVCache:

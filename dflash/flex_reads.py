@@ -38,9 +38,8 @@ class FilledBlocks:
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q (batch, heads, seq, d) over k, v (batch, kv_heads, keys, d) -> (batch, heads, seq, d)."""
-        batch, _, seq, _ = q.shape
         if self.built is None:
-            self.built = self.block_mask(batch, seq, k.shape[2])
+            self.built = self.block_mask(q.shape[0], q.shape[2], k.shape[2])  # batch, queries, keys
         return flex_attention(q, k, v, block_mask=self.built, enable_gqa=True)
 
 
@@ -51,9 +50,7 @@ class FilledBlocksCache(KVCache):
     """
 
     def prepare(self, mask: torch.Tensor, seq: int):
-        if seq <= FilledBlocks.QUERY_BLOCK and torch.compiler.is_compiling():
-            return FilledBlocks(mask)
-        return mask
+        return FilledBlocks(mask) if seq <= FilledBlocks.QUERY_BLOCK and torch.compiler.is_compiling() else mask
 
     def attend(self, q, k, v, prepared) -> torch.Tensor:
         return prepared.attend(q, k, v) if isinstance(prepared, FilledBlocks) else attend(q, k, v, prepared)

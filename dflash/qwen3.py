@@ -65,9 +65,7 @@ class RMSNorm(nn.Module):
 
 class RotaryEmbedding(nn.Module):
     """RoPE's cos/sin of `position * inv_freq`, computed per call: no table sized for the longest sequence.
-
-    `inv_freq` stays float32 whatever the weights' dtype, as the official code keeps it.
-    """
+    `inv_freq` stays float32 whatever the weights' dtype, as the official code keeps it."""
 
     def __init__(self, head_dim: int, theta: float):
         super().__init__()
@@ -103,10 +101,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
 
 
 class Attention(nn.Module):
-    """Grouped-query attention with Qwen3's per-head RMSNorm on queries and keys.
-
-    In three parts (`queries`, `keys_values`, `output`): the drafter projects the target's context with these weights.
-    """
+    """Grouped-query attention with Qwen3's per-head RMSNorm on queries and keys, in three parts (`queries`,
+    `keys_values`, `output`): the drafter projects the target's context with these weights."""
 
     def __init__(self, config: Qwen3Config):
         super().__init__()
@@ -133,8 +129,7 @@ class Attention(nn.Module):
         return apply_rope(self.k_norm(k), cos, sin), v
 
     def output(self, heads: torch.Tensor) -> torch.Tensor:
-        """Merge the heads (batch, heads, seq, head_dim) and project back to (batch, seq, hidden)."""
-        batch, _, seq, _ = heads.shape
+        batch, _, seq, _ = heads.shape  # heads: (batch, heads, seq, head_dim)
         return self.o_proj(heads.transpose(1, 2).reshape(batch, seq, -1))  # (batch, seq, heads * head_dim) -> hidden
 
     def forward(self, x, cos, sin, mask, cache: "KVCache | None", layer: int, slots: torch.Tensor, num_keys: int):
@@ -203,10 +198,9 @@ class KVCache:
                    device=like.device, dtype=like.dtype)
 
     def keys_to_read(self, chunk: int) -> int:
-        """How many slots attention reads for a chunk of `chunk` new positions."""
-        if self.fixed_shape:
-            return self.max_length  # a fixed shape; the position mask hides what lies ahead
-        return self.length + chunk  # committed slots + the chunk itself
+        """How many slots attention reads for a chunk of `chunk` new positions: the committed ones and the chunk,
+        or with `fixed_shape` the whole buffer (the position mask hides what lies ahead)."""
+        return self.max_length if self.fixed_shape else self.length + chunk
 
     def write(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_keys: int):
         """Store k, v (batch, kv_heads, seq, head_dim) at `positions`; return the first `num_keys` slots."""
@@ -215,7 +209,7 @@ class KVCache:
         return self.keys[layer][:, :, :num_keys], self.values[layer][:, :, :num_keys]
 
     def prepare(self, mask: torch.Tensor, seq: int):
-        """What `attend` needs to apply `mask`, built once per pass and shared by the layers: the mask itself."""
+        """The mask as `attend` applies it, built once per pass and shared by the layers: here the mask itself."""
         return mask
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared) -> torch.Tensor:
@@ -309,24 +303,19 @@ class Qwen3(nn.Module):
             positions = torch.arange(start, start + seq, device=input_ids.device)
         slots = positions if slots is None else slots
         num_keys = cache.keys_to_read(seq) if cache is not None else seq
-        if chunk_mask is None:
-            mask = causal_mask(positions, num_keys, key_padding)
-        else:
-            mask = chunk_mask_over_cache(slots, chunk_mask, num_keys)
+        mask = (causal_mask(positions, num_keys, key_padding) if chunk_mask is None
+                else chunk_mask_over_cache(slots, chunk_mask, num_keys))
         if cache is not None:
             mask = cache.prepare(mask, seq)
         x = self.embed_tokens(input_ids)  # (batch, seq, hidden)
         cos, sin = self.rotary(positions, x.dtype)  # (seq, head_dim) each
         captured = {}
-        last = len(self.layers) - 1 if last_layer is None else last_layer
-        for index, layer in enumerate(self.layers[:last + 1]):
+        for index, layer in enumerate(self.layers if last_layer is None else self.layers[:last_layer + 1]):
             x = layer(x, cos, sin, mask, cache, index, slots, num_keys)
+            if index == len(self.layers) - 1:
+                x = self.norm(x)  # the official hidden_states[-1] is after the final norm
             if index in capture_layers:  # only these are kept alive: a long prefill holds no other layer's output
                 captured[index] = x
-        if last == len(self.layers) - 1:
-            x = self.norm(x)  # the official hidden_states[-1] is after the final norm
-            if last in captured:
-                captured[last] = x
         features = torch.cat([captured[i] for i in capture_layers], dim=-1) if capture_layers else None
         return x, features  # (batch, seq, hidden), (batch, seq, n * hidden)
 
@@ -339,8 +328,7 @@ class Qwen3(nn.Module):
         """Load an official Qwen3 checkpoint folder (single file or sharded)."""
         path = checkpoint.checkpoint_folder(path, "checkpoint")
         config = Qwen3Config.from_dict(checkpoint.read_json(path / "config.json"), str(path / "config.json"))
-        # A tied checkpoint may still carry a copy of the embedding as its LM head: unused.
-        unused = frozenset({"lm_head.weight"}) if config.tie_word_embeddings else frozenset()
+        unused = frozenset({"lm_head.weight"} if config.tie_word_embeddings else ())  # a tied copy may still be there
         return checkpoint.load_pretrained(cls, config, path, official_names, device, dtype, skip=unused)
 
     def save_pretrained(self, path, dtype: torch.dtype | None = None) -> None:
