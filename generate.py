@@ -363,8 +363,7 @@ def run(args) -> int:
     if args.prompt is None and args.prompt_ids is None:
         raise UsageError("give a prompt with --prompt TEXT or --prompt-ids 1,2,3")
     if args.tree < 0 or args.tree and args.draft_policy != "greedy":
-        raise UsageError("--tree takes a number of nodes >= 0, and the drafter's likeliest tokens "
-                         "(--draft-policy greedy)")
+        raise UsageError("--tree takes a number of nodes >= 0, and only the greedy draft policy")
     sampling = sampling_of(args, args.model)
     target = Qwen3.from_pretrained(args.model, device=device, dtype=dtype)
     drafter = (Drafter.from_pretrained(args.draft, target=target, device=device, dtype=dtype)

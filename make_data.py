@@ -3,8 +3,7 @@
 A drafter must guess what *this* target says, so it learns the target's own answers to prompts rendered as
 `generate.py` renders them, one JSONL line per prompt (`index` makes the file resumable; `input_ids` is the prompt,
 its last tokens if too long for the context, then the answer; `loss_mask` is 1 on the answer only):
-    {"index": 7, "input_ids": [151644, 872, ..., 151645], "loss_mask": [0, 0, ..., 1, 1]}
-"""
+    {"index": 7, "input_ids": [151644, 872, ..., 151645], "loss_mask": [0, 0, ..., 1, 1]}"""
 
 from __future__ import annotations
 
@@ -46,12 +45,9 @@ def generate_batch(target: Qwen3, prompts: list[list[int]], max_new_tokens: int,
     device = target.embed_tokens.weight.device
     batch, longest = len(prompts), max(len(p) for p in prompts)
     total = longest + max_new_tokens
-    ids = torch.zeros(batch, longest, dtype=torch.long, device=device)  # (batch, longest), 0 = padding
-    key_padding = torch.ones(batch, total, dtype=torch.bool, device=device)  # (batch, total): True = real token
-    for row, prompt in enumerate(prompts):
-        pad = longest - len(prompt)
-        ids[row, pad:] = torch.tensor(prompt, device=device)
-        key_padding[row, :pad] = False
+    ids = torch.tensor([[0] * (longest - len(p)) + p for p in prompts], device=device)  # (batch, longest), 0 = padding
+    starts = torch.tensor([longest - len(p) for p in prompts], device=device)  # (batch,): where each prompt begins
+    key_padding = torch.arange(total, device=device) >= starts[:, None]  # (batch, total): True = real token
     cache = target.new_cache(total, batch)
     hidden, _ = target(ids, cache=cache, key_padding=key_padding)  # (batch, longest, hidden)
     logits = target.logits(hidden[:, -1])  # (batch, vocab)
@@ -78,10 +74,9 @@ def generate_batch(target: Qwen3, prompts: list[list[int]], max_new_tokens: int,
 
 def done_indices(path: Path) -> set[int]:
     """The indices of the prompts `path` already answers. Only reads: the file is left as it is."""
-    if not path.exists():
-        return set()
     done = set()
-    for where, record in jsonl_records(path, "data file", whole_lines_only=True):  # a cut-short line: no answer yet
+    records = jsonl_records(path, "data file", whole_lines_only=True) if path.exists() else []
+    for where, record in records:  # whole lines only: a line a crash cut short has no answer yet
         index = record.get("index") if isinstance(record, dict) else None
         if not isinstance(index, int) or isinstance(index, bool):
             raise UsageError(f"{where}: no integer 'index' (not a record of make_data.py)")

@@ -4,8 +4,7 @@ The data is the target's own answers (`make_data.py`); the frozen target reads e
 after `target_layer_ids` are the drafter's context. Each step draws anchors a in the answers: the block [x_a, MASK,
 ..., MASK] at a..a+B-1 is what the drafter sees once x_a is verified; all blocks run in one forward, each seeing the
 context before its anchor and itself (`AnchoredBlocks`). Slot k predicts x_{a+k} through the target's LM head,
-weighted exp(-(k-1)/gamma) as a draft counts up to its first miss. torchrun runs the loop data-parallel.
-"""
+weighted exp(-(k-1)/gamma) as a draft counts up to its first miss. torchrun runs the loop data-parallel."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ import json
 import signal
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -31,9 +30,10 @@ from dflash.prompts import PROMPT_FORMAT
 from dflash.qwen3 import Qwen3, Qwen3Config
 from dflash.tokenizer import find_tokenizer, stop_token_ids
 from dflash.train_kernels import AnchoredBlocks, chunked_lm_head_loss
-from dflash.training import (Distributed, batch_indices, cosine_with_warmup, distributed_run, forget_log_after,
-                             load_training_state, optimizer_step, prepare_run_folder, refuse_changes, restore_snapshot,
-                             save_training_state, snapshot, steps_per_epoch, stop_on_signals, unwrap, wrap_for_training)
+from dflash.training import (Distributed, batch_indices, cosine_with_warmup, distributed_run, estimated_tau,
+                             forget_log_after, freeze, init_weights as init_drafter, load_training_state,
+                             optimizer_step, prepare_run_folder, refuse_changes, restore_snapshot, save_training_state,
+                             snapshot, steps_per_epoch, stop_on_signals, unwrap, wrap_for_training)
 from generate import generate_dflash
 from make_data import collate, encode_prompts, load_sequences
 
@@ -80,14 +80,13 @@ def block_input_ids(input_ids: torch.Tensor, anchors: torch.Tensor, block_size: 
 
 def block_labels(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor, real: torch.Tensor,
                  block_size: int) -> torch.Tensor:
-    """Slot k of the block at a is labelled x_{a+k}, at the same position (no shift): (batch, K*B); IGNORE for
-    slot 0 (the known token), past the end, outside the loss mask and in padding blocks."""
+    """Slot k of the block at a is labelled x_{a+k}, at the same position (no shift), or IGNORE: (batch, K*B)."""
     length = input_ids.shape[1]
     positions = block_positions(anchors, block_size)  # (batch, K*B)
     clamped = positions.clamp(max=length - 1)
-    keep = (positions < length) & (loss_mask.gather(1, clamped) == 1)
-    keep &= (torch.arange(positions.shape[1], device=anchors.device) % block_size != 0)[None]  # not slot 0
-    keep &= real.repeat_interleave(block_size, dim=1)  # (batch, K) -> (batch, K*B)
+    keep = (positions < length) & (loss_mask.gather(1, clamped) == 1)  # not past the end, and in the answer
+    keep &= (torch.arange(positions.shape[1], device=anchors.device) % block_size != 0)[None]  # not the known token
+    keep &= real.repeat_interleave(block_size, dim=1)  # not a padding block: (batch, K) -> (batch, K*B)
     return torch.where(keep, input_ids.gather(1, clamped), IGNORE)
 
 
@@ -124,38 +123,25 @@ def drafter_loss(target: Qwen3, drafter: nn.Module, input_ids: torch.Tensor, los
     scored = labels != IGNORE
     slots = (torch.arange(labels.shape[1], device=labels.device) % block_size).expand_as(labels)[scored]  # (N,)
     slot_weight = weights.to(hidden.device)[slots]  # (N,)
-    # Only slots with a label reach the LM head; their weights sum to 1, so the loss is a weighted mean.
-    loss, hits = chunked_lm_head_loss(hidden[scored], target.head_weight, labels[scored],
-                                      slot_weight / slot_weight.sum(), loss_chunk_size)
+    loss, hits = chunked_lm_head_loss(hidden[scored], target.head_weight, labels[scored],  # labelled slots only
+                                      slot_weight / slot_weight.sum(), loss_chunk_size)  # weights sum to 1: a mean
     correct = torch.bincount(slots, weights=hits.float(), minlength=block_size)  # (B,)
     return loss, correct, torch.bincount(slots, minlength=block_size).float()
 
 
-def estimated_tau(correct: torch.Tensor, counted: torch.Tensor) -> float:
-    """A cheap stand-in for tau, 1 + sum_k prod_{i<=k} acc_i over slots 1..B-1: a trend, not a tau, since it treats
-    hits as independent and real blocks start right after a miss (tutorial 04, section 7, measures the gap)."""
-    accuracy = correct[1:] / counted[1:].clamp(min=1)
-    return 1.0 + torch.cumprod(accuracy, dim=0).sum().item()
-
-
 def build_drafter_config(cfg: TrainConfig, target: Qwen3Config, tokenizer) -> DrafterConfig:
     """The drafter's shape: the target's width (its features and embeddings feed it), its depth our choice."""
-    if cfg.mask_token_id is not None:
-        if not 0 <= cfg.mask_token_id < target.vocab_size:
-            raise UsageError(f"--mask-token-id {cfg.mask_token_id} is outside the target's vocabulary "
-                             f"(0..{target.vocab_size - 1})")
-        mask_token_id = cfg.mask_token_id
-    elif tokenizer is not None and tokenizer.mask_token_id is not None:
-        mask_token_id = tokenizer.mask_token_id
-    else:  # the first id past the tokenizer's, as the released drafters use; else the last embedding row
-        mask_token_id = min(tokenizer.vocab_size if tokenizer is not None else target.vocab_size, target.vocab_size - 1)
-    layers = Qwen3Config(
-        vocab_size=target.vocab_size, hidden_size=target.hidden_size, num_hidden_layers=cfg.drafter_layers,
-        intermediate_size=cfg.intermediate_size or target.intermediate_size,
-        num_attention_heads=cfg.num_heads or target.num_attention_heads,
-        num_key_value_heads=cfg.num_kv_heads or target.num_key_value_heads,
-        head_dim=cfg.head_dim or target.head_dim, rms_norm_eps=target.rms_norm_eps, rope_theta=target.rope_theta,
-        max_position_embeddings=target.max_position_embeddings, dtype="float32")
+    if cfg.mask_token_id is not None and not 0 <= cfg.mask_token_id < target.vocab_size:
+        raise UsageError(f"--mask-token-id {cfg.mask_token_id} is outside the target's vocabulary "
+                         f"(0..{target.vocab_size - 1})")
+    mask_token_id = cfg.mask_token_id if cfg.mask_token_id is not None else getattr(tokenizer, "mask_token_id", None)
+    if mask_token_id is None:  # the first id past the tokenizer's, as the released drafters use; else the last row
+        mask_token_id = min(getattr(tokenizer, "vocab_size", target.vocab_size), target.vocab_size - 1)
+    layers = replace(target, num_hidden_layers=cfg.drafter_layers, tie_word_embeddings=False, attention_bias=False,
+                     dtype="float32", intermediate_size=cfg.intermediate_size or target.intermediate_size,
+                     num_attention_heads=cfg.num_heads or target.num_attention_heads,
+                     num_key_value_heads=cfg.num_kv_heads or target.num_key_value_heads,
+                     head_dim=cfg.head_dim or target.head_dim)  # the rest is the target's: vocabulary, width, RoPE...
     if layers.num_attention_heads % layers.num_key_value_heads:
         raise UsageError(f"--num-heads {layers.num_attention_heads} is not a multiple of --num-kv-heads "
                          f"{layers.num_key_value_heads}")
@@ -163,23 +149,6 @@ def build_drafter_config(cfg: TrainConfig, target: Qwen3Config, tokenizer) -> Dr
     config = DrafterConfig(layers, cfg.block_size, target.num_hidden_layers, mask_token_id, list(layer_ids))
     check_fits(config, target, "drafter")
     return config
-
-
-def init_drafter(drafter: Drafter, seed: int) -> Drafter:
-    """Linear weights ~ N(0, 0.02) and norms 1 (it has no biases): the Qwen3 initialisation, seeded."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, parameter in drafter.named_parameters():
-            if name.endswith("norm.weight"):
-                parameter.fill_(1.0)
-            else:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
-    return drafter
-
-
-def freeze(target: Qwen3) -> Qwen3:
-    """The target (embedding and LM head included) never trains."""
-    return target.requires_grad_(False).eval()
 
 
 def evaluate_tau(target: Qwen3, drafter: Drafter, prompts: list[list[int]], max_new_tokens: int, block_size: int,
@@ -190,12 +159,11 @@ def evaluate_tau(target: Qwen3, drafter: Drafter, prompts: list[list[int]], max_
     copy = Drafter(drafter.config).to(weight.device, weight.dtype).eval()
     copy.load_state_dict(drafter.state_dict())  # cast to the target's dtype
     copy.rotary.inv_freq = copy.rotary.inverse_frequencies(weight.device)  # float32, as loading keeps them
-    tokens = steps = 0
-    for prompt, choices in zip(prompts, first_token_choices or [None] * len(prompts)):
-        result = generate_dflash(target, copy, prompt, max_new_tokens, block_size=block_size, stop_ids=stop_ids,
-                                 first_token_choices=choices)
-        tokens, steps = tokens + sum(result.acceptance_lengths), steps + result.steps
-    return float(tokens), float(steps)
+    generations = [generate_dflash(target, copy, prompt, max_new_tokens, block_size=block_size, stop_ids=stop_ids,
+                                   first_token_choices=choices)
+                   for prompt, choices in zip(prompts, first_token_choices or [None] * len(prompts))]
+    tokens = sum(sum(generation.acceptance_lengths) for generation in generations)
+    return float(tokens), float(sum(generation.steps for generation in generations))
 
 
 def train(cfg: TrainConfig, place: Distributed) -> dict:
@@ -237,9 +205,9 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
 
     began = last_save = time.perf_counter()
     sums = torch.zeros(3, cfg.block_size, device=device)  # since the last log line: loss at [0, 0], hits, counts
-    logged_at, tokens_seen, record, signaled = step, 0, {}, False
+    logged_at, tokens_seen, record, signaled, stopping = step, 0, {}, False, step >= total_steps
     with stop_on_signals() as stop, tqdm(total=total_steps, initial=step, disable=not place.main, unit="step") as bar:
-        while step < total_steps:
+        while not stopping:
             batch = [sequences[i] for i in batch_indices(len(sequences), cfg.batch_size, step, cfg.seed, place)]
             input_ids, loss_mask = collate(batch, device)  # (batch, S) each
             anchors, real = batch_anchors(loss_mask, cfg.num_anchors, anchor_generator)  # (batch, K) each
@@ -277,8 +245,7 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
                     release = Drafter(config)
                     release.load_state_dict(state["model"])
                     release.save_pretrained(out)
-                    save_training_state(state_path, {**state, **run, "step": step,
-                                                     "elapsed": elapsed_before + seconds})
+                    save_training_state(state_path, {**state, **run, "step": step, "elapsed": elapsed_before + seconds})
             if evaluating:
                 totals = evaluate_tau(target, unwrap(model), [ids for ids, _ in prompts], cfg.eval_max_new_tokens,
                                       cfg.block_size, stop_ids, [choices for _, choices in prompts])
@@ -290,11 +257,7 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
                 shown = {"loss": f"{record['loss']:.3f}", "acc1": f"{accuracy[0]:.2f}",
                          "acc_mean": f"{sum(accuracy) / len(accuracy):.2f}", "tau~": f"{record['tau_estimate']:.2f}",
                          "tok/s": f"{place.world * tokens_seen / max(seconds, 1e-9):.0f}"}
-                if record.get("eval_tau") is not None:
-                    shown["eval_tau"] = f"{record['eval_tau']:.2f}"
-                bar.set_postfix(shown)
-            if stopping:
-                break
+                bar.set_postfix({**shown, "eval_tau": f"{record['eval_tau']:.2f}"} if record.get("eval_tau") else shown)
     if signaled:
         record["stopped_by"] = stop.name or "SIGTERM"  # another process's signal: a scheduler's, as a rule
     return record
@@ -310,18 +273,16 @@ def build_parser() -> argparse.ArgumentParser:
     add("--data", required=True, help="JSONL written by make_data.py: input_ids and loss_mask per line")
     add("--out", required=True, help="folder for the drafter, training_state.pt and train_log.jsonl")
     add("--tokenizer", help="tokenizer folder (default: the target's, if it has one)")
-    # the drafter; where no default is shown, the target's value
     add("--drafter-layers", type=positive_int, default=5, help="decoder layers of the drafter")
     add("--block-size", type=checked(int, "at least 2", lambda x: x >= 2), default=16,
         help="B, tokens per block: slot 0 is the known token, slots 1..B-1 are guessed")
     add("--target-layer-ids", type=int_list,
         help="target layers whose outputs feed the drafter, e.g. 1,9,17,25,33 (default: spread over the target)")
     add("--mask-token-id", type=int, help="the unknown slots' token (default: <|mask|>, else len(tokenizer))")
-    add("--intermediate-size", type=int, help="drafter MLP width")
-    add("--num-heads", type=int, help="drafter query heads")
-    add("--num-kv-heads", type=int, help="drafter key/value heads")
-    add("--head-dim", type=int, help="drafter head width")
-    # the data and the optimisation: the paper's recipe
+    add("--intermediate-size", type=int, help="drafter MLP width (default: the target's)")
+    add("--num-heads", type=int, help="drafter query heads (default: the target's)")
+    add("--num-kv-heads", type=int, help="drafter key/value heads (default: the target's)")
+    add("--head-dim", type=int, help="drafter head width (default: the target's)")
     add("--num-anchors", type=positive_int, default=512, help="blocks per sequence per step, at most one per anchor")
     add("--batch-size", type=positive_int, default=4, help="sequences per step and per process")
     add("--max-seq-len", type=positive_int, default=3072, help="longer sequences are cut")
@@ -332,13 +293,11 @@ def build_parser() -> argparse.ArgumentParser:
     add("--epochs", type=positive_int, default=6, help="passes over the data")
     add("--steps", type=positive_int, help="train this many steps (overrides --epochs)")
     add("--seed", type=int, default=0, help="seeds the drafter's initialisation, the data order and the anchors")
-    # memory: the dense ways are the references the fast ones are tested against
     add("--loss-chunk-size", type=checked(int, "0 or more", lambda x: x >= 0), default=512,
         help="slots per chunk of the LM-head loss (0: all at once)")
     add("--keep-activations", action="store_true", help="keep each drafter layer's activations for the backward "
                                                         "pass, not recompute them (faster, much more memory)")
     add("--dense-attention", action="store_true", help="attend under a dense mask, not skipping masked blocks")
-    # evaluation, checkpoints, logging, stopping, where to run
     add("--eval-prompts", help="held-out prompt file: real speculative decoding, greedy, mean tau")
     add("--eval-every", type=int, default=0, help="steps between evaluations (0: only at the end)")
     add("--eval-max-new-tokens", type=int, default=128, help="tokens decoded per held-out prompt")

@@ -49,12 +49,11 @@ def pick_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
-    except RuntimeError:
-        device = None
-    usable = device is not None and (device.type == "cpu" or (device.type == "cuda" and torch.cuda.is_available()))
-    if not usable:
-        raise UsageError(f"device {name!r} is not available here (use cpu, auto, or cuda where CUDA is)")
-    return device
+        if device.type == "cpu" or (device.type == "cuda" and torch.cuda.is_available()):
+            return device
+    except RuntimeError:  # not a device name at all
+        pass
+    raise UsageError(f"device {name!r} is not available here (use cpu, auto, or cuda where CUDA is)")
 
 
 def pick_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -67,8 +66,7 @@ def pick_dtype(name: str, device: torch.device) -> torch.dtype:
 def checked(kind: type, rule: str, ok: Callable) -> Callable[[str], object]:
     """An argparse type refusing, in one `error:` line, a value that would only fail (or train nonsense) later."""
     def parse(text: str):
-        value = kind(text)
-        if not ok(value):
+        if not ok(value := kind(text)):
             raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
         return value
 

@@ -1,5 +1,4 @@
-"""The record of a decoding call: the tokens it commits (at most a limit, none after a stop token), how many
-each step accepted, how long it took; and the acceptance statistics computed from it."""
+"""The record of a decoding call (tokens, acceptance per step, time) and the acceptance statistics over it."""
 
 from __future__ import annotations
 
@@ -45,8 +44,7 @@ class Generation:
 
 
 class Output:
-    """Builds a loop's `Generation`: at most `limit` tokens, none after a stop token, timed from creation
-    without the time spent in `on_token`."""
+    """Builds a loop's `Generation`: at most `limit` tokens, none after a stop token, timed without `on_token`."""
 
     def __init__(self, limit: int, stop_ids: Sequence[int], on_token: OnToken | None, device: torch.device):
         self.limit, self.stop_ids, self.on_token, self.device = limit, set(stop_ids), on_token, device

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 
 class ChunkedLMHeadLoss(torch.autograd.Function):
@@ -112,8 +113,6 @@ class AnchoredBlocks:
     def flex_block_mask(self, num_queries: int, num_keys: int, device):
         """FlexAttention's block mask, listed tile by tile from the anchors (a query tile needs the context tiles up to
         its largest anchor, and its own blocks'), not from the dense mask `create_block_mask` would evaluate first."""
-        from torch.nn.attention.flex_attention import BlockMask
-
         anchors, block, length, tile = self.anchors.to(device), self.block_size, self.context_length, 128  # Flex's tile
         (batch, count), query_tiles, key_tiles = anchors.shape, -(-num_queries // tile), -(-num_keys // tile)
         first_row = torch.arange(query_tiles, device=device) * tile  # (query tiles,)
@@ -144,6 +143,4 @@ class AnchoredBlocks:
 @functools.cache
 def compiled_flex_attention():
     """`flex_attention`, compiled once per process: uncompiled it runs a slow reference that scores every key."""
-    from torch.nn.attention.flex_attention import flex_attention
-
     return torch.compile(flex_attention, dynamic=True)

@@ -1,5 +1,5 @@
 """What a training loop needs around its recipe, for `train.py` and the demo target's trainer; it imports no model:
-a place in a torchrun job, DDP or FSDP2, an exact resume (atomic writes; Ctrl-C or SIGTERM saves first)."""
+Qwen3's initialisation, a place in a torchrun job, DDP or FSDP2, an exact resume (atomic writes; Ctrl-C saves first)."""
 
 from __future__ import annotations
 
@@ -95,6 +95,23 @@ def wrap_for_training(model: nn.Module, place: Distributed, fsdp: bool) -> nn.Mo
     return fully_shard(model)
 
 
+def init_weights(model: nn.Module, seed: int | None) -> nn.Module:
+    """Qwen3's initialisation, weights ~ N(0, 0.02) and norms 1, drawn with `seed` (None: from torch's global RNG)."""
+    generator = None if seed is None else torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith("norm.weight"):
+                parameter.fill_(1.0)
+            else:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
+    return model
+
+
+def freeze(model: nn.Module) -> nn.Module:
+    """A model that never trains (the drafter's target, its embedding and LM head included)."""
+    return model.requires_grad_(False).eval()
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     """The model inside a DDP wrapper (FSDP2 shards it in place: nothing to unwrap)."""
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
@@ -105,7 +122,6 @@ def snapshot(model: nn.Module, optimizer, scheduler, place: Distributed, fsdp: b
     wrote it: weights, optimizer, schedule, and every process's random states. A collective call."""
     if fsdp:
         from torch.distributed.checkpoint import state_dict as dcp
-
         options = dcp.StateDictOptions(full_state_dict=True, cpu_offload=True)
         weights = dcp.get_model_state_dict(model, options=options)
         optimizer_state = dcp.get_optimizer_state_dict(model, optimizer, options=options)
@@ -128,7 +144,6 @@ def restore_snapshot(state: dict, model: nn.Module, optimizer, scheduler, place:
                          f"(an exact resume needs the same number)")
     if fsdp:
         from torch.distributed.checkpoint import state_dict as dcp
-
         options = dcp.StateDictOptions(full_state_dict=True)
         dcp.set_model_state_dict(model, state["model"], options=options)
         dcp.set_optimizer_state_dict(model, optimizer, state["optimizer"], options=options)
@@ -195,9 +210,8 @@ def stop_on_signals() -> Iterator[types.SimpleNamespace]:
         stop.name = signal.Signals(signum).name
         signal.signal(signum, signal.SIG_DFL if signum != signal.SIGINT else signal.default_int_handler)
 
-    previous = {}
-    if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
-        previous = {signum: signal.signal(signum, handle) for signum in (signal.SIGINT, signal.SIGTERM)}
+    main_thread = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
+    previous = {signum: signal.signal(signum, handle) for signum in (signal.SIGINT, signal.SIGTERM) if main_thread}
     try:
         yield stop
     finally:
@@ -211,6 +225,13 @@ def optimizer_step(loss: torch.Tensor, model: nn.Module, optimizer: torch.optim.
     nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+
+
+def estimated_tau(correct: torch.Tensor, counted: torch.Tensor) -> float:
+    """A cheap stand-in for tau, 1 + sum_k prod_{i<=k} acc_i over slots 1..B-1: a trend, not a tau, since it treats
+    hits as independent and real blocks start right after a miss (tutorial 04, section 7, measures the gap)."""
+    accuracy = correct[1:] / counted[1:].clamp(min=1)
+    return 1.0 + torch.cumprod(accuracy, dim=0).sum().item()
 
 
 def cosine_with_warmup(step: int, total_steps: int, warmup: float) -> float:

@@ -36,7 +36,7 @@ from paths import CORPUS, WORK, require  # also puts the repository root on sys.
 from dflash.checkpoint import write_json_atomically
 from dflash.cli import OneLineErrors, run_cli
 from dflash.qwen3 import Qwen3, Qwen3Config
-from dflash.training import load_training_state, optimizer_step, save_training_state
+from dflash.training import init_weights, load_training_state, optimizer_step, save_training_state
 
 
 def build_model(vocab_size: int, args) -> Qwen3:
@@ -45,13 +45,7 @@ def build_model(vocab_size: int, args) -> Qwen3:
         num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
         head_dim=args.head_dim, tie_word_embeddings=True, max_position_embeddings=args.max_positions,
     )
-    model = Qwen3(config)
-    for name, param in model.named_parameters():  # GPT-2 style: small normal weights, unit norms
-        if name.endswith("norm.weight"):
-            torch.nn.init.ones_(param)
-        else:
-            torch.nn.init.normal_(param, std=0.02)
-    return model
+    return init_weights(Qwen3(config), seed=None)  # drawn from the global generator, which main seeded
 
 
 def random_windows(tokens: np.ndarray, batch: int, length: int, generator: torch.Generator) -> torch.Tensor:
