@@ -1,8 +1,7 @@
-"""What the benchmarks share: the process's peak memory, models with random weights, text tables, reply checks.
+"""What the benchmarks share: the process's peak memory, text tables, reply checks.
 
-bench.py, bench_load.py and bench_train.py each measure peak memory, the last two build
-models whose weights do not matter (memory and time do not depend on them), and bench.py
-and bench_train.py print their results as tables. Replies are checked for repetition and
+bench.py, bench_load.py and bench_train.py each measure peak memory, and bench.py and
+bench_train.py print their results as tables. Replies are checked for repetition and
 their final number by bench.py, the target's evaluation (recipes/) and the demo pair's tests.
 """
 
@@ -32,14 +31,6 @@ def reset_peak_memory(device: torch.device) -> None:
         torch.cuda.reset_peak_memory_stats(device)
     else:
         Path("/proc/self/clear_refs").write_text("5")  # 5: VmHWM back to the current RSS
-
-
-def randomize(model: torch.nn.Module) -> torch.nn.Module:
-    """Small random weights in place (no second copy): N(0, 0.02), and 1 for the norms."""
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            parameter.fill_(1.0) if name.endswith("norm.weight") else parameter.normal_(0.0, 0.02)
-    return model
 
 
 def distinct_ngram_ratio(ids: Sequence[int], n: int = 4) -> float:

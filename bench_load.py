@@ -22,9 +22,10 @@ from pathlib import Path
 
 import torch
 
-from bench_common import peak_memory, randomize, reset_peak_memory
+from bench_common import peak_memory, reset_peak_memory
 from dflash.cli import OneLineErrors
 from dflash.qwen3 import Qwen3, Qwen3Config, official_names
+from dflash.training import init_weights
 
 CPU = torch.device("cpu")
 
@@ -44,7 +45,7 @@ def write_synthetic_checkpoint(folder: Path, config: Qwen3Config, shards: int) -
 
     with torch.device("meta"):
         model = Qwen3(config).to(torch.bfloat16)
-    model = randomize(model.to_empty(device=CPU))  # the bf16 model, once: no float32 copy
+    model = init_weights(model.to_empty(device=CPU))  # the bf16 model, once: no float32 copy
     names = official_names(model)
     order = list(names)
     per_shard = -(-len(order) // shards)  # ceiling division

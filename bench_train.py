@@ -38,11 +38,11 @@ from pathlib import Path
 import torch
 
 import train
-from bench_common import peak_memory, print_table, randomize, reset_peak_memory
+from bench_common import peak_memory, print_table, reset_peak_memory
 from dflash.cli import OneLineErrors, UsageError, run_cli
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3, Qwen3Config
-from dflash.training import optimizer_step
+from dflash.training import init_weights, optimizer_step
 
 # The official configs' shapes (config.json of each released checkpoint); the last one
 # is the test's: Qwen3's vocabulary on a model small enough for a CI machine.
@@ -132,10 +132,10 @@ def measure_one(args: argparse.Namespace) -> dict:
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     with torch.device(device):
-        target = train.freeze(randomize(Qwen3(target_config(args.shape))).to(dtype))
+        target = train.freeze(init_weights(Qwen3(target_config(args.shape))).to(dtype))
     cfg = train.TrainConfig(drafter_layers=args.drafter_layers, block_size=args.block_size)
     config = train.build_drafter_config(cfg, target.config, None)
-    drafter = randomize(Drafter(config)).to(device).train()
+    drafter = init_weights(Drafter(config)).to(device).train()
     drafter.recompute_layers = args.one == "fast"  # "fast-keep": the fast kernels, activations kept
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=1e-4)
     generator = torch.Generator().manual_seed(0)

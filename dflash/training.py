@@ -95,15 +95,13 @@ def wrap_for_training(model: nn.Module, place: Distributed, fsdp: bool) -> nn.Mo
     return fully_shard(model)
 
 
-def init_weights(model: nn.Module, seed: int | None) -> nn.Module:
-    """Qwen3's initialisation, weights ~ N(0, 0.02) and norms 1, drawn with `seed` (None: from torch's global RNG)."""
+def init_weights(model: nn.Module, seed: int | None = None) -> nn.Module:
+    """Qwen3's initialisation in place (no second copy of a large model): weights ~ N(0, 0.02), norms 1, drawn with
+    `seed` (None: from torch's global RNG). The parameters must be on the CPU, where the generator is."""
     generator = None if seed is None else torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, parameter in model.named_parameters():
-            if name.endswith("norm.weight"):
-                parameter.fill_(1.0)
-            else:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
+            parameter.fill_(1.0) if name.endswith("norm.weight") else parameter.normal_(0.0, 0.02, generator=generator)
     return model
 
 
