@@ -155,10 +155,8 @@ def evaluate_tau(target: Qwen3, drafter: Drafter, prompts: list[list[int]], max_
                  stop_ids: Sequence[int], first_token_choices: Sequence | None = None) -> tuple[float, float]:
     """Real speculative decoding, greedy: (tokens committed, verification steps) over the prompts; tau = their ratio.
     The drafter runs in the target's dtype, as in use; `first_token_choices[i]` heals prompt i's first token."""
-    weight = target.embed_tokens.weight
-    copy = Drafter(drafter.config).to(weight.device, weight.dtype).eval()
+    copy = Drafter(drafter.config).to(target.embed_tokens.weight).eval()  # its device and dtype
     copy.load_state_dict(drafter.state_dict())  # cast to the target's dtype
-    copy.rotary.inv_freq = copy.rotary.inverse_frequencies(weight.device)  # float32, as loading keeps them
     generations = [generate_dflash(target, copy, prompt, max_new_tokens, block_size=block_size, stop_ids=stop_ids,
                                    first_token_choices=choices)
                    for prompt, choices in zip(prompts, first_token_choices or [None] * len(prompts))]

@@ -76,6 +76,12 @@ class RotaryEmbedding(nn.Module):
         exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device) / self.head_dim
         return 1.0 / (self.theta**exponents)  # (head_dim/2,)
 
+    def _apply(self, fn, recurse=True):
+        """`.to()`, `.to_empty()`... move `inv_freq` but keep it exact, in float32 (bf16's is 3.5 rad off at 3,000)."""
+        super()._apply(fn, recurse)
+        self.inv_freq = self.inverse_frequencies(self.inv_freq.device)
+        return self
+
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         angles = positions.float()[..., None] * self.inv_freq  # (..., seq, head_dim/2)
         angles = torch.cat([angles, angles], dim=-1)  # (..., seq, head_dim): split-half layout

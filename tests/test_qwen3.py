@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from dflash.qwen3 import Qwen3
+from dflash.qwen3 import Qwen3, Qwen3Config
 from tests.reference import as_the_reference_was_made, logits_of
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -30,6 +30,16 @@ def test_loading_keeps_float32_rope_frequencies_as_the_official_loader():
     in_bf16 = Qwen3.from_pretrained(folder, dtype=torch.bfloat16)
     assert in_bf16.rotary.inv_freq.dtype == torch.float32
     assert torch.equal(in_bf16.rotary.inv_freq, loaded["inv_freq"])  # the official bf16 load keeps them too
+
+
+def test_casting_and_moving_keep_float32_rope_frequencies():
+    """`.to(bf16)` on a model built in memory (as train.py's tau evaluation casts its drafter) must not round them,
+    and `.to_empty()` must not leave them uninitialised."""
+    model = Qwen3(Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=8))
+    exact = model.rotary.inverse_frequencies()
+    for moved in (model.to(torch.bfloat16), model.to_empty(device="cpu"), model.half()):
+        assert moved.rotary.inv_freq.dtype == torch.float32 and torch.equal(moved.rotary.inv_freq, exact)
 
 
 @torch.no_grad()
