@@ -6,8 +6,9 @@
 - `generate_dflash_tree`: the draft pass grows a tree of guesses (`dflash/tree.py`); the target
   checks every node in one pass and the longest agreeing path is kept.
 
-Reading order: the passes and the `ModelRunner`, the loops, the command line. What a call returns
-(`Generation`, built by `Output`) is in `dflash/results.py`, a tree's runner steps in `dflash/tree.py`.
+Reading order: the passes, the `ModelRunner` that owns the caches and buffers they work on, the loops, the
+command line. The record a call returns, `Generation`, is in `dflash/results.py`; a tree's algorithm
+(build, ancestor mask, walk) in `dflash/tree.py`.
 """
 
 from __future__ import annotations
@@ -26,39 +27,52 @@ import torch
 
 from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_token_ids, int_list, pick_device,
                         pick_dtype, run_cli)
-from dflash.drafter import Drafter
-from dflash.flex_reads import FilledBlocksCache
+from dflash.drafter import Drafter, cached_block_mask
+from dflash.flex_reads import filled_blocks
 from dflash.prompts import Prompt, add_prompt_options, encode_for_generation
-from dflash.qwen3 import KVCache, Qwen3
-from dflash.results import Generation, OnToken, Output
-from dflash.sampling import (Sampling, add_sampling_options, argmax, as_sampling, draw, keep_only, sample,
-                             sampled_slots, sampling_of, verdicts)
+from dflash.qwen3 import KVCache, Qwen3, argmax, causal_mask, masked, tree_mask_over_cache
+from dflash.results import Generation, OnToken, synchronize
+from dflash.sampling import (Sampling, add_sampling_options, as_sampling, draw, keep_only, sample, sampled_slots,
+                             sampling_of, verdicts)
 from dflash.tokenizer import TextStream, find_tokenizer, stop_token_ids
-from dflash.tree import TreeSteps, build_tree, walk
+from dflash.tree import DraftTree, build_tree, path_slots, verify_inputs, walk
 
 WEIGHTS = Path(__file__).parent / "weights"
 
 
-# ---------------------------------------------------------------- the model runner
+# ---------------------------------------------------------------- the passes
 
 # The passes after the prefill, as plain functions of the models, a cache and tensors, of shapes that do not
-# depend on where in the sequence they run. Greedy, they return token ids; sampling, the logits.
+# depend on where in the sequence they run. Each writes its chunk right after the cache's committed length and
+# commits nothing. `reads` builds the attention from the position mask: `masked`, or `filled_blocks` to visit
+# only a long cache's filled key blocks. Greedy, a pass returns token ids; sampling, the logits.
 
 
-def decode_pass(target: Qwen3, cache: KVCache, token, position, greedy: bool):
-    logits = target.logits(target(token, position, cache)[0][0])  # (1, vocab)
+def decode_pass(target: Qwen3, cache: KVCache, token, position, greedy: bool = True, *, reads=masked):
+    attend = reads(causal_mask(position, cache.keys_to_read(1)))  # the committed tokens and itself
+    logits = target.logits(target(token, position, cache, attend=attend)[0][0])  # (1, vocab)
     return argmax(logits) if greedy else logits  # (1,) or (1, vocab)
 
 
-def verify_pass(target: Qwen3, cache: KVCache, layer_ids, ids, positions, greedy: bool, slots=None, tree_mask=None):
-    hidden, features = target(ids, positions, cache, capture_layers=layer_ids, slots=slots, chunk_mask=tree_mask)
+def verify_pass(target: Qwen3, cache: KVCache, ids, positions, greedy: bool = True, *, reads=masked,
+                layer_ids=(), tree_slots=None, tree_mask=None):
+    """A block (1, block) at `positions`, causal; or a tree's nodes, node i written at `tree_slots[i]`,
+    seeing the committed tokens, its ancestors and itself (`tree_mask`)."""
+    if tree_mask is None:
+        attend, slots = reads(causal_mask(positions, cache.keys_to_read(ids.shape[1]))), positions
+    else:
+        attend, slots = reads(tree_mask_over_cache(tree_slots, tree_mask, cache.keys_to_read(ids.shape[1]))), tree_slots
+    hidden, features = target(ids, positions, cache, capture_layers=layer_ids, attend=attend, slots=slots)
     logits = target.logits(hidden[0])  # (block or nodes, vocab)
     return (argmax(logits) if greedy else logits), features  # features: (1, block or nodes, n_layers * hidden)
 
 
-def draft_pass(target: Qwen3, drafter: Drafter, cache: KVCache, context_features, context_positions, block_ids,
-               block_positions, greedy: bool = True, tree_top_k: int = 0):
-    hidden = drafter(context_features, target.embed_tokens(block_ids), context_positions, block_positions, cache=cache)
+def draft_pass(target: Qwen3, drafter: Drafter, cache: KVCache, context_features, block_ids, greedy: bool = True, *,
+               reads=masked, context_positions, context_slots, block_positions, tree_top_k: int = 0):
+    """The block [last token, MASK, ...] (1, block) after the context not yet in `cache`, in one drafter pass."""
+    attend = reads(cached_block_mask(cache, context_features.shape[1] + block_ids.shape[1], block_positions))
+    hidden = drafter(context_features, target.embed_tokens(block_ids), context_positions, block_positions,
+                     cache=cache, attend=attend, context_slots=context_slots)
     logits = target.logits(hidden[0, 1:])  # (block - 1, vocab): one distribution per drafted slot
     if tree_top_k:  # the tree's candidates, likeliest first: (block - 1, k) log-probabilities and ids
         best = torch.log_softmax(logits.float(), dim=-1).topk(tree_top_k, dim=-1)
@@ -74,17 +88,22 @@ def compiled_pass(name: str, shape: tuple, backend, mode: str | None):
     """`PASSES[name]` compiled once per process and runner shape. Dynamo allows one function 8 graphs,
     fewer than a benchmark of many shapes needs, so each shape compiles its own copy of the code."""
     function = PASSES[name]
-    copy = types.FunctionType(function.__code__.replace(), function.__globals__, name, function.__defaults__)
+    copy = types.FunctionType(function.__code__.replace(), function.__globals__, name, function.__defaults__,
+                              function.__closure__)
+    copy.__kwdefaults__ = function.__kwdefaults__
     return torch.compile(copy, backend=backend, mode=mode, fullgraph=True, dynamic=False)
 
 
-class ModelRunner(TreeSteps):
+# ---------------------------------------------------------------- the model runner
+
+
+class ModelRunner:
     """The caches, the buffers and the passes of the loops, built once and reused across calls.
 
-    Each pass writes its chunk right after a cache's committed `length`; the loops commit (`extend`)
-    or cut back (`trim`). Compiled, every output the loop keeps past the next pass is copied into a
+    Each pass writes its chunk right after a cache's committed `length`; the loop commits what it keeps
+    (`target_cache.extend`). Compiled, every output the loop keeps past the next pass is copied into a
     buffer the runner owns: under CUDA graphs a pass may reuse the memory of the last one's outputs.
-    `clock`, when set, is entered as `with clock(phase):` around each pass. The tree's steps: `TreeSteps`.
+    `clock`, when set, is entered as `with clock(phase):` around each pass.
     """
 
     def __init__(self, target: Qwen3, drafter: Drafter | None = None, *, max_length: int,
@@ -95,10 +114,11 @@ class ModelRunner(TreeSteps):
         self.tree_budget = tree_budget  # drafted nodes per tree (0: chains only)
         # A node's r-th child needs r - 1 siblings first, so more candidates than the budget are never used.
         self.tree_top_k = min(tree_top_k or max(tree_budget, 1), target.config.vocab_size)
-        cache_type = FilledBlocksCache if flex_attention else KVCache  # see dflash/flex_reads.py
+        self.reads = filled_blocks if flex_attention else masked  # see dflash/flex_reads.py
         weight = target.embed_tokens.weight
-        self.target_cache = cache_type.for_layers(target.config, weight, max_length)
-        self.drafter_cache = cache_type.for_layers(drafter.config.layers, weight, max_length) if drafter else None
+        self.target_cache = KVCache.for_layers(target.config, weight, max_length)
+        # The drafter's has `block` slots more: a compiled draft parks the rejected context there (`draft_inputs`).
+        self.drafter_cache = KVCache.for_layers(drafter.config.layers, weight, max_length + block) if drafter else None
         self.layer_ids = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
         self.mask_token_id = drafter.config.mask_token_id if drafter is not None else 0
         width, device = len(self.layer_ids) * target.config.hidden_size, weight.device
@@ -108,7 +128,12 @@ class ModelRunner(TreeSteps):
         self.target_tokens = ids(block)  # the token the target commits after each slot
         self.features = weight.new_zeros(1, block, width)  # the target's features there, for the next draft
         self.draft_probs: torch.Tensor | None = None  # q of the sampled draft slots, for the verdicts
-        self.make_tree_buffers(tree_budget, self.tree_top_k, block, width, weight)
+        nodes = tree_budget + 1  # a tree's buffers, as the chain's: the root and the drafted nodes
+        self.node_offsets = torch.arange(nodes, device=device)  # a tree's cache slots, from 0
+        self.node_tokens = ids(nodes)  # the token the target commits after each node
+        self.node_features = weight.new_zeros(1, nodes, width)  # and its features there
+        self.draft_logprobs = torch.zeros(block - 1, self.tree_top_k, device=device)  # the candidates per slot
+        self.draft_candidates = ids(block - 1, self.tree_top_k)
         self.compiled, self.clock, self.passes = compile, None, dict(PASSES)
         if compile:
             for cache in self.caches():
@@ -124,14 +149,14 @@ class ModelRunner(TreeSteps):
     def timed(self, phase: str):
         return self.clock(phase) if self.clock is not None else contextlib.nullcontext()
 
-    def prefill(self, prompt: torch.Tensor, sampling: Sampling | float, generator: torch.Generator | None,
+    def prefill(self, prompt_ids: Sequence[int] | torch.Tensor, sampling: Sampling | float, generator: torch.Generator | None,
                 first_token_choices: Sequence[int] | None = None) -> tuple[int, torch.Tensor]:
-        """The prompt (1, n) through the target, eagerly (its length changes with every prompt): the first new
-        token (one of `first_token_choices` under token healing) and the features (1, n, F) for the drafter."""
+        """The prompt through the target, eagerly (its length changes with every prompt), all of it committed:
+        the first new token (one of `first_token_choices` under token healing) and the features (1, n, F)."""
         for cache in self.caches():
             cache.trim(0)
-        positions = torch.arange(prompt.shape[1], device=prompt.device)  # (n,)
-        hidden, features = self.target(prompt, positions, self.target_cache, capture_layers=self.layer_ids)
+        prompt = torch.as_tensor(prompt_ids, device=self.block_offsets.device).view(1, -1)  # (1, n)
+        hidden, features = self.target(prompt, cache=self.target_cache, capture_layers=self.layer_ids)
         self.target_cache.extend(prompt.shape[1])
         logits = self.target.logits(hidden[0, -1])  # (vocab,)
         if first_token_choices is not None:
@@ -139,76 +164,151 @@ class ModelRunner(TreeSteps):
         return sample(logits, sampling, generator).item(), features
 
     def decode(self, token: int, sampling: Sampling | float, generator: torch.Generator | None) -> int:
-        """The next token after `token`, which goes right after the committed ones."""
+        """The next token after `token`, which is written right after the committed ones (the loop commits it)."""
         sampling = as_sampling(sampling)
         with self.timed("decode"):
             self.token_ids[0, 0] = token
             position = self.block_offsets[:1] + self.target_cache.length  # (1,)
-            picks = self.passes["decode"](self.target, self.target_cache, self.token_ids, position, sampling.greedy)
-            self.target_cache.extend(1)
+            picks = self.passes["decode"](self.target, self.target_cache, self.token_ids, position, sampling.greedy,
+                                          reads=self.reads)
             return (picks[0] if sampling.greedy else sample(picks[0], sampling, generator)).item()
 
-    def draft(self, context_features: torch.Tensor, last_token: int, start: int, after_prefill: bool) -> torch.Tensor:
+    # ------------------------------------------------------------------- chains
+
+    def draft(self, context_features: torch.Tensor, last_token: int, start: int) -> torch.Tensor:
         """Guess the block after `last_token` (at position `start`): (block - 1,) ids, in the runner's buffer.
         `context_features` (1, ctx, F) are the target's features where the drafter has not looked yet:
         the prompt's right after the prefill, later the last verify's block."""
         with self.timed("draft"):
             self.draft_probs = None
-            self.block_ids[0, 1:] = self.run_drafter(context_features, last_token, start, after_prefill)
+            self.block_ids[0, 1:] = self.run_drafter(context_features, last_token, start)
             return self.block_ids[0, 1:]
 
-    def draft_sampled(self, context_features: torch.Tensor, last_token: int, start: int, after_prefill: bool,
-                      sampling: Sampling, sampled: int, generator: torch.Generator | None) -> torch.Tensor:
+    def draft_sampled(self, context_features: torch.Tensor, last_token: int, start: int, sampling: Sampling,
+                      sampled: int, generator: torch.Generator | None) -> torch.Tensor:
         """As `draft`, but the first `sampled` slots are drawn from the drafter's distribution q (kept in
         `draft_probs` for `verify`); the slots after them are its argmax."""
         with self.timed("draft"):
-            logits = self.run_drafter(context_features, last_token, start, after_prefill, greedy=False)
+            logits = self.run_drafter(context_features, last_token, start, greedy=False)
             self.draft_probs = sampling.probs(logits[:sampled])  # (sampled, vocab)
             self.block_ids[0, 1:] = torch.cat([draw(self.draft_probs, generator), argmax(logits[sampled:])])
             return self.block_ids[0, 1:]
 
-    def run_drafter(self, context_features, last_token: int, start: int, after_prefill: bool, greedy: bool = True,
+    def run_drafter(self, context_features: torch.Tensor, last_token: int, start: int, *, greedy: bool = True,
                     tree_top_k: int = 0):
         """Feed the drafter its new context and the block [last_token, MASK, ...]; commit the context it keeps.
-        Eager (and always after the prefill), the pass reads only the accepted context; compiled, the whole
-        last block, for a fixed shape, and the block it drafts overwrites the rejected tail."""
-        committed = start - self.drafter_cache.length  # context positions accepted since the last draft
-        fixed = self.compiled and not after_prefill
+
+        The context positions accepted since the last draft run up to `start`. Eagerly, and for the first draft
+        after the prefill (the drafter's cache is still empty, the prompt's length is any), the pass reads only
+        them. Compiled, it takes the whole last block, for a fixed shape, and parks the rejected rows' keys and
+        values `block` slots further on, where the block's mask hides them and a later write overwrites them.
+        """
+        cache, offsets = self.drafter_cache, self.block_offsets
+        committed = start - cache.length  # context positions accepted since the last draft
+        fixed = self.compiled and cache.length > 0
         if not fixed:
             context_features = context_features[:, :committed]
-        context_positions = self.drafter_cache.length + torch.arange(context_features.shape[1],
-                                                                     device=self.block_ids.device)
+        context_positions = cache.length + torch.arange(context_features.shape[1], device=offsets.device)
+        context_slots = torch.where(context_positions < start, context_positions, context_positions + len(offsets))
         self.block_ids[0, 0] = last_token
         self.block_ids[0, 1:] = self.mask_token_id
         run = self.passes["draft"] if fixed else PASSES["draft"]
-        drafted = run(self.target, self.drafter, self.drafter_cache, context_features, context_positions,
-                      self.block_ids, self.block_offsets + start, greedy, tree_top_k)
-        self.drafter_cache.extend(committed)  # the context is kept; the block's slots were scratch
+        drafted = run(self.target, self.drafter, cache, context_features, self.block_ids, greedy, reads=self.reads,
+                      context_positions=context_positions, context_slots=context_slots,
+                      block_positions=offsets + start, tree_top_k=tree_top_k)
+        cache.extend(committed)  # the context is kept; the block's slots were scratch
         return drafted
 
     def verify(self, drafts: torch.Tensor, sampling: Sampling | float, generator: torch.Generator | None):
-        """The token the target commits after each slot of [last token, drafts] (block,), and its features.
-        The cache is extended over the whole block; the loop trims the rejected tail."""
+        """The token the target commits after each slot of [last token, drafts] (block,), and its features
+        (1, block, F). The block is written after the committed tokens; the loop commits what it keeps."""
         sampling = as_sampling(sampling)
         with self.timed("verify"):
             self.block_ids[0, 1:] = drafts
             positions = self.block_offsets + self.target_cache.length  # (block,)
-            picks, features = self.passes["verify"](self.target, self.target_cache, self.layer_ids, self.block_ids,
-                                                    positions, sampling.greedy)
-            self.target_cache.extend(self.block_size)
+            picks, features = self.passes["verify"](self.target, self.target_cache, self.block_ids, positions,
+                                                    sampling.greedy, reads=self.reads, layer_ids=self.layer_ids)
             if not sampling.greedy:
                 picks = verdicts(sampling.probs(picks), drafts, self.draft_probs, generator)
             return self.target_tokens.copy_(picks), self.features.copy_(features)
+
+    # -------------------------------------------------------------------- trees
+
+    def draft_tree(self, context_features: torch.Tensor, last_token: int, start: int):
+        """As `draft`, the `tree_top_k` likeliest tokens at each slot, likeliest first: (block - 1, k)
+        log-probabilities and ids; slot d's are the candidates at depth d of the tree."""
+        with self.timed("draft"):
+            logprobs, ids = self.run_drafter(context_features, last_token, start, tree_top_k=self.tree_top_k)
+            return self.draft_logprobs.copy_(logprobs), self.draft_candidates.copy_(ids)
+
+    def verify_tree(self, tree: DraftTree, sampling: Sampling | float, generator: torch.Generator | None):
+        """The target's token after each node of `tree` (budget + 1,), padding nodes included. Node i goes
+        to cache slot start + i at position start + depth(i) and sees the committed tokens, its ancestors
+        and itself (`verify_inputs`); `keep_path` then commits the chosen path."""
+        sampling = as_sampling(sampling)
+        with self.timed("verify"):
+            tokens, depths, tree_mask = (t.to(self.node_offsets.device) for t in verify_inputs(tree, self.tree_budget))
+            start = self.target_cache.length
+            picks, features = self.passes["verify"](self.target, self.target_cache, tokens[None], depths + start,
+                                                    sampling.greedy, reads=self.reads, layer_ids=self.layer_ids,
+                                                    tree_slots=self.node_offsets + start, tree_mask=tree_mask)
+            self.node_features.copy_(features)
+            return self.node_tokens.copy_(picks if sampling.greedy else sample(picks, sampling, generator))
+
+    def keep_path(self, path: list[int]) -> torch.Tensor:
+        """Commit the accepted `path` (node indices, root first): its keys and values move next to the
+        committed ones, its features to the front of `features` (1, block, F) for the next draft."""
+        start, nodes = self.target_cache.length, self.node_offsets.new_tensor(path)
+        self.target_cache.compact(self.node_offsets.new_tensor(path_slots(path, start)), start)
+        self.target_cache.extend(len(path))
+        self.features[:, :len(path)] = self.node_features[:, nodes]  # (1, path, F)
+        return self.features
 
 
 # ------------------------------------------------------------------------ the loops
 
 
-def begin(target: Qwen3, drafter: Drafter | None, prompt_ids: Sequence[int], max_new_tokens: int, runner,
-          block_size: int, tree_budget: int, sampling: Sampling, generator, first_token_choices, stop_ids, on_token):
-    """Every loop's start: refuse (one line, before any cache is allocated) what the models or the runner cannot
-    serve, build a runner if none was given, prefill, and commit the first new token."""
-    n, limit, device = len(prompt_ids), target.config.max_position_embeddings, target.embed_tokens.weight.device
+class GenerationBuilder:
+    """Builds a loop's `Generation`: at most `limit` tokens, none after a stop token, timed without `on_token`."""
+
+    def __init__(self, limit: int, stop_ids: Sequence[int], on_token: OnToken | None, device: torch.device):
+        self.limit, self.stop_ids, self.on_token, self.device = limit, set(stop_ids), on_token, device
+        self.result = Generation([], [], 0.0)
+        synchronize(device)  # earlier queued GPU work is not ours to time
+        self.began = time.perf_counter()
+
+    @property
+    def done(self) -> bool:
+        ids = self.result.new_ids
+        return len(ids) == self.limit or bool(ids) and ids[-1] in self.stop_ids
+
+    def commit(self, tokens: list[int], drafted: int = 0, step: bool = True) -> None:
+        """Record a step (or the prefill) that committed `tokens`, of which the first `drafted` were drafts."""
+        result = self.result
+        if step:
+            result.acceptance_lengths.append(len(tokens))  # counted whole, even past the limit
+        for i, token in enumerate(tokens):
+            if self.done:
+                break
+            result.new_ids.append(token)
+            if self.on_token is not None:
+                began = time.perf_counter()
+                self.on_token(token, i < drafted)
+                result.callback_seconds += time.perf_counter() - began
+        result.seconds = time.perf_counter() - self.began - result.callback_seconds  # so far: the ids are on the host
+        result.first_token_seconds = result.first_token_seconds or result.seconds
+
+    def finish(self) -> Generation:
+        synchronize(self.device)
+        self.result.seconds = time.perf_counter() - self.began - self.result.callback_seconds
+        return self.result
+
+
+def ready_runner(target: Qwen3, drafter: Drafter | None, prompt_ids: Sequence[int], max_new_tokens: int, *,
+                 runner: ModelRunner | None, block_size: int, tree_budget: int = 0) -> ModelRunner:
+    """Refuse (one line, before any cache is allocated) what the models or the runner cannot serve; return
+    `runner`, or a new one sized for this request."""
+    n, limit = len(prompt_ids), target.config.max_position_embeddings
     slots = n + max_new_tokens + max(block_size, tree_budget + 1)  # the last block or tree may reach past the output
     if not prompt_ids:
         raise UsageError("the prompt is empty")
@@ -223,11 +323,7 @@ def begin(target: Qwen3, drafter: Drafter | None, prompt_ids: Sequence[int], max
     if not runner_fits or slots > runner.max_length:
         raise UsageError(f"block size {block_size}, tree budget {tree_budget} and {slots} cache slots do not fit the "
                          f"runner's {runner.block_size}, {runner.tree_budget} and {runner.max_length}")
-    output = Output(max_new_tokens, stop_ids, on_token, device)
-    prompt = torch.tensor([list(prompt_ids)], device=device)  # (1, n)
-    first, features = runner.prefill(prompt, sampling, generator, first_token_choices)  # int, (1, n, F)
-    output.commit([first], step=False)  # committed, but not yet in the target's cache
-    return runner, output, first, features
+    return runner
 
 
 @torch.no_grad()
@@ -238,11 +334,15 @@ def generate_autoregressive(target: Qwen3, prompt_ids: Sequence[int], max_new_to
     """The baseline: one target pass per new token. `sampling` (default: the plain softmax at `temperature`)
     says how tokens are drawn; `first_token_choices` (token healing) limits the first new token."""
     sampling = sampling or Sampling(temperature)
-    block_size = runner.block_size if runner is not None else 1
-    runner, output, token, _ = begin(target, None, prompt_ids, max_new_tokens, runner, block_size, 0, sampling,
-                                     generator, first_token_choices, stop_ids, on_token)
+    runner = ready_runner(target, None, prompt_ids, max_new_tokens, runner=runner,
+                          block_size=runner.block_size if runner is not None else 1)
+    output = GenerationBuilder(max_new_tokens, stop_ids, on_token, target.embed_tokens.weight.device)
+    token, _ = runner.prefill(prompt_ids, sampling, generator, first_token_choices)
+    output.commit([token], step=False)  # committed, but not yet in the target's cache
     while not output.done:
-        token = runner.decode(token, sampling, generator)  # the one host sync of the step
+        token_after = runner.decode(token, sampling, generator)  # the one host sync of the step
+        runner.target_cache.extend(1)  # commit `token`, now written in the cache
+        token = token_after
         output.commit([token])
     return output.finish()
 
@@ -259,21 +359,22 @@ def generate_dflash(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int], 
     `mixed:K`: the first K)."""
     sampling = sampling or Sampling(temperature)
     block_size = block_size or (runner.block_size if runner is not None else drafter.config.block_size)
-    sampled = sampled_slots(draft_policy, block_size, sampling)
-    runner, output, last, context = begin(target, drafter, prompt_ids, max_new_tokens, runner, block_size, 0,
-                                          sampling, generator, first_token_choices, stop_ids, on_token)
-    position = len(prompt_ids)  # of `last`, the newest committed token, not yet in the target's cache
+    sampled = sampled_slots(draft_policy, block_size, sampling)  # drafts drawn from the drafter, not its argmax
+    runner = ready_runner(target, drafter, prompt_ids, max_new_tokens, runner=runner, block_size=block_size)
+    output = GenerationBuilder(max_new_tokens, stop_ids, on_token, target.embed_tokens.weight.device)
+    last, context = runner.prefill(prompt_ids, sampling, generator, first_token_choices)  # int, (1, n, F)
+    output.commit([last], step=False)  # committed, but not yet in the target's cache
+    position = len(prompt_ids)  # of `last`, the newest committed token
     while not output.done:
-        first = not output.result.steps  # the first draft after the prefill
-        drafts = (runner.draft_sampled(context, last, position, first, sampling, sampled, generator) if sampled
-                  else runner.draft(context, last, position, first))  # (block - 1,)
+        drafts = (runner.draft_sampled(context, last, position, sampling, sampled, generator) if sampled
+                  else runner.draft(context, last, position))  # (block - 1,)
         committed, context = runner.verify(drafts, sampling, generator)  # (block,), (1, block, F)
         both = torch.cat([drafts, committed]).tolist()  # the one host sync of the step
         guessed, wanted = both[:block_size - 1], both[block_size - 1:]
         accepted = next((k for k, (g, w) in enumerate(zip(guessed, wanted)) if g != w), block_size - 1)
+        runner.target_cache.extend(accepted + 1)  # commit `last` and the kept drafts; the rest is overwritten later
         output.commit(wanted[:accepted + 1], drafted=accepted)  # the kept drafts, then the target's own token
         last, position = wanted[accepted], position + accepted + 1  # the target's token opens the next block
-        runner.target_cache.trim(position)  # keep the block up to the new `last`, forget the rest: O(1)
     return output.finish()
 
 
@@ -289,17 +390,20 @@ def generate_dflash_tree(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[i
     block_size = block_size or (runner.block_size if runner is not None else drafter.config.block_size)
     if budget < 1:
         raise UsageError(f"a tree needs a budget of at least 1 node, got {budget}")
-    runner, output, last, context = begin(target, drafter, prompt_ids, max_new_tokens, runner, block_size, budget,
-                                          sampling, generator, first_token_choices, stop_ids, on_token)
+    runner = ready_runner(target, drafter, prompt_ids, max_new_tokens, runner=runner, block_size=block_size,
+                          tree_budget=budget)
+    output = GenerationBuilder(max_new_tokens, stop_ids, on_token, target.embed_tokens.weight.device)
+    last, context = runner.prefill(prompt_ids, sampling, generator, first_token_choices)  # int, (1, n, F)
+    output.commit([last], step=False)
     position = len(prompt_ids)  # of `last`: the root of the next tree
     while not output.done:
-        logprobs, candidates = runner.draft_tree(context, last, position, not output.result.steps)
+        logprobs, candidates = runner.draft_tree(context, last, position)
         tree = build_tree(last, logprobs.tolist(), candidates.tolist(), budget)  # host sync 1: the tree is host-side
         target_tokens = runner.verify_tree(tree, sampling, generator).tolist()  # host sync 2: (budget + 1,)
         path = walk(tree, target_tokens)  # the accepted nodes, root first
         committed = [target_tokens[node] for node in path]  # the accepted drafts (== the target's), then its own
+        context = runner.keep_path(path)  # commit: the path's keys, values and features move next to the committed
         output.commit(committed, drafted=len(path) - 1)
-        context = runner.keep_path(path)  # the path's keys, values and features move next to the committed ones
         last, position = committed[-1], position + len(path)
     return output.finish()
 

@@ -16,7 +16,7 @@ from torch import nn
 
 from dflash import checkpoint
 from dflash.checkpoint import CheckpointError
-from dflash.qwen3 import DecoderLayer, KVCache, Qwen3, Qwen3Config, RMSNorm, RotaryEmbedding, attend
+from dflash.qwen3 import Attend, DecoderLayer, KVCache, Qwen3, Qwen3Config, RMSNorm, Rope, RotaryEmbedding, Store, masked
 
 
 def default_target_layer_ids(num_target_layers: int, num_drafter_layers: int) -> list[int]:
@@ -60,22 +60,18 @@ class DrafterConfig:
 class DrafterLayer(DecoderLayer):
     """A Qwen3 decoder layer whose attention also reads the target's context (KV injection)."""
 
-    def forward(self, block, context, block_rope, context_rope, mask, cache, layer, context_slots, block_slots,
-                num_keys, pattern):
-        attn = self.self_attn
+    def forward(self, block: torch.Tensor, context: torch.Tensor, rope: Rope, attend: Attend,
+                store: Store | None) -> torch.Tensor:
+        """block (batch, B, hidden) and context (batch, ctx, hidden) -> block; `rope` covers [context; block]."""
+        attn, seq = self.self_attn, block.shape[1]
         normed = self.input_layernorm(block)  # the context is not normed again: hidden_norm did that
-        q = attn.queries(normed, *block_rope)  # (batch, heads, block, head_dim): queries from the block only
-        k_context, v_context = attn.keys_values(context, *context_rope)  # the context enters here...
-        k_block, v_block = attn.keys_values(normed, *block_rope)  # ...beside the block's own keys/values
-        if cache is None:
-            k = torch.cat([k_context, k_block], dim=2)  # (batch, kv_heads, context + block, head_dim)
-            v = torch.cat([v_context, v_block], dim=2)  # (batch, kv_heads, context + block, head_dim)
-            heads = pattern.attend(q, k, v) if pattern is not None else attend(q, k, v, mask)
-        else:  # the new context joins the cached one, then the block is written right after it
-            cache.write(layer, context_slots, k_context, v_context, 0)
-            k, v = cache.write(layer, block_slots, k_block, v_block, num_keys)
-            heads = cache.attend(q, k, v, mask)
-        block = block + attn.output(heads)  # heads: (batch, heads, block, head_dim)
+        block_rope = (rope[0][..., -seq:, :], rope[1][..., -seq:, :])  # the block's rows: (..., B, head_dim)
+        q = attn.queries(normed, block_rope)  # (batch, heads, B, head_dim): queries from the block only
+        # The context enters here: its keys and values go in front of the block's own, one projection for both.
+        k, v = attn.keys_values(torch.cat([context, normed], dim=1), rope)  # (batch, kv_heads, ctx + B, head_dim)
+        if store is not None:
+            k, v = store(k, v)  # the new context joins the cached one, the block right after it
+        block = block + attn.output(attend(q, k, v))  # (batch, heads, B, head_dim) -> (batch, B, hidden)
         return block + self.mlp(self.post_attention_layernorm(block))
 
 
@@ -94,28 +90,29 @@ class Drafter(nn.Module):
         self.recompute_layers = False  # training at scale: keep each layer's inputs, recompute the rest
 
     def forward(self, target_features: torch.Tensor, block_embeddings: torch.Tensor,
-                context_positions: torch.Tensor, block_positions: torch.Tensor,
-                mask: torch.Tensor | None = None, cache: KVCache | None = None, pattern=None) -> torch.Tensor:
+                context_positions: torch.Tensor, block_positions: torch.Tensor, *,
+                cache: KVCache | None = None, attend: Attend | None = None,
+                context_slots: torch.Tensor | None = None) -> torch.Tensor:
         """Denoise a block; return the drafter's final hidden states (batch, block, hidden).
 
         `target_features` (batch, ctx, n_layers * hidden) cover the context not yet in `cache`. Positions
-        ((n,), or (batch, n) in training) are also the slots written; the caller commits the context it keeps.
-        `mask` defaults to everything up to the block's end; `pattern` (training) computes the attention itself.
+        ((n,), or (batch, n) in training) are also the slots written, context and block in one write
+        (`context_slots` may move the context's); the caller commits the context it keeps. `attend`
+        defaults to every key up to the block's end.
         """
         context = self.hidden_norm(self.fc(target_features))  # (batch, ctx, hidden), once per step
-        num_keys = None
-        if cache is not None:
-            num_keys = cache.keys_to_read(context.shape[1] + block_embeddings.shape[1])
-            if mask is None:  # (1, keys): the context and the whole block
-                mask = (torch.arange(num_keys, device=block_positions.device) <= block_positions[-1])[None, :]
-            mask = cache.prepare(mask, block_embeddings.shape[1])
-        dtype = block_embeddings.dtype
-        block_rope, context_rope = self.rotary(block_positions, dtype), self.rotary(context_positions, dtype)
+        positions = torch.cat([context_positions, block_positions], dim=-1)  # ([batch,] ctx + B): keys in order
+        if attend is None and cache is None:
+            attend = masked(None)  # a lone block sees all of its context and all of itself
+        elif attend is None:
+            attend = masked(cached_block_mask(cache, positions.shape[-1], block_positions))
+        slots = positions if context_slots is None else torch.cat([context_slots, block_positions])  # (ctx + B,)
+        rope = self.rotary(positions, block_embeddings.dtype)  # cos, sin: ([batch, 1,] ctx + B, head_dim)
         x = block_embeddings
         recompute = self.recompute_layers and torch.is_grad_enabled()
         for index, layer in enumerate(self.layers):
-            inputs = (x, context, block_rope, context_rope, mask, cache, index, context_positions, block_positions,
-                      num_keys, pattern)
+            store = cache.store(index, slots) if cache is not None else None
+            inputs = (x, context, rope, attend, store)
             x = torch.utils.checkpoint.checkpoint(layer, *inputs, use_reentrant=False) if recompute else layer(*inputs)
         return self.norm(x)
 
@@ -136,6 +133,13 @@ class Drafter(nn.Module):
     def save_pretrained(self, path, dtype: torch.dtype | None = None) -> None:
         """Write the authors' layout (`config.json` + `model.safetensors`), atomically."""
         checkpoint.save(path, self, None, self.config.to_dict(), dtype)
+
+
+def cached_block_mask(cache: KVCache, chunk: int, block_positions: torch.Tensor) -> torch.Tensor:
+    """(1, keys): a drafted block sees every slot of `cache` up to its own end: the cached context, the new
+    context and the whole block (`chunk` of them are written this pass)."""
+    keys = torch.arange(cache.keys_to_read(chunk), device=block_positions.device)
+    return keys[None, :] <= block_positions[-1]
 
 
 def check_fits(drafter: DrafterConfig, target: Qwen3Config, source: str = "drafter") -> None:

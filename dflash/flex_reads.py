@@ -3,7 +3,8 @@
 A compiled pass reads the whole static buffer to keep its shapes fixed: plain attention loads every
 key up to `max_length`. FlexAttention's *block mask* lists, per query block, the key blocks to visit:
 here those up to the last key any query may see, counted on the device from the position mask (no
-host sync). Opt-in (`ModelRunner(flex_attention=True)`, `--flex-attention`).
+host sync). Opt-in (`ModelRunner(flex_attention=True)`, `--flex-attention`): the runner's passes then
+build their attention with `filled_blocks` instead of `masked`.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from dflash.qwen3 import KVCache, attend
+from dflash.qwen3 import Attend, masked
 
 
 class FilledBlocks:
@@ -43,14 +44,10 @@ class FilledBlocks:
         return flex_attention(q, k, v, block_mask=self.built, enable_gqa=True)
 
 
-class FilledBlocksCache(KVCache):
-    """A `KVCache` whose compiled passes of at most `QUERY_BLOCK` queries attend through `FilledBlocks`.
-
-    Only there does FlexAttention become one fused kernel; an eager pass (the prefill) reads only the committed slots.
-    """
-
-    def prepare(self, mask: torch.Tensor, seq: int):
-        return FilledBlocks(mask) if seq <= FilledBlocks.QUERY_BLOCK and torch.compiler.is_compiling() else mask
-
-    def attend(self, q, k, v, prepared) -> torch.Tensor:
-        return prepared.attend(q, k, v) if isinstance(prepared, FilledBlocks) else attend(q, k, v, prepared)
+def filled_blocks(mask: torch.Tensor) -> Attend:
+    """Attention under `mask` that visits only the filled key blocks, where that pays: in a compiled pass
+    of at most `QUERY_BLOCK` queries FlexAttention becomes one fused kernel; elsewhere plain `masked`."""
+    queries = mask.shape[-2]
+    if queries <= FilledBlocks.QUERY_BLOCK and torch.compiler.is_compiling():
+        return FilledBlocks(mask).attend
+    return masked(mask)

@@ -6,8 +6,9 @@ layout is `dflash/checkpoint.py`'s job; the drafter (`dflash/drafter.py`) reuses
 
 from __future__ import annotations
 
+import functools
 from dataclasses import asdict, dataclass, fields
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -82,7 +83,7 @@ class RotaryEmbedding(nn.Module):
         self.inv_freq = self.inverse_frequencies(self.inv_freq.device)
         return self
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> "Rope":
         angles = positions.float()[..., None] * self.inv_freq  # (..., seq, head_dim/2)
         angles = torch.cat([angles, angles], dim=-1)  # (..., seq, head_dim): split-half layout
         if positions.dim() == 2:  # one row of positions per sequence
@@ -97,13 +98,23 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated_half * sin  # x: (batch, heads, seq, head_dim), cos/sin broadcast over heads
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """Softmax attention of q (batch, heads, seq, d) over k, v (batch, kv_heads, keys, d) -> (batch, heads, seq, d).
+Rope = tuple[torch.Tensor, torch.Tensor]  # cos and sin at a chunk's positions, (..., seq, head_dim) each
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""How a pass's queries read keys: (q, k, v) -> heads, knowing which keys each query may see. One per pass,
+shared by its layers. Three exist: `masked` below (SDPA under a boolean mask, the default everywhere),
+`filled_blocks` (dflash/flex_reads.py: FlexAttention visiting only a long cache's filled key blocks) and
+`AnchoredBlocks.attend` (dflash/train_kernels.py: training's blocks, skipping the keys they may not see)."""
+Store = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+"""A layer's way into its KV cache (`KVCache.store`): the chunk's k, v in; every key and value to read out."""
 
-    `mask` (..., seq or 1, keys) is True where a query may look. Query head h reads key/value
-    head h // (heads // kv_heads): SDPA's `enable_gqa` does that without copying keys and values.
+
+def masked(mask: torch.Tensor | None) -> Attend:
+    """Attention under `mask` (..., seq or 1, keys), True where a query may look (None: everywhere).
+
+    Query head h reads key/value head h // (heads // kv_heads): SDPA's `enable_gqa` does that
+    without copying keys and values. q (batch, heads, seq, d), k, v (batch, kv_heads, keys, d).
     """
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
 
 class Attention(nn.Module):
@@ -125,26 +136,25 @@ class Attention(nn.Module):
         batch, seq, _ = x.shape
         return x.view(batch, seq, num_heads, self.head_dim).transpose(1, 2)  # (batch, heads, seq, head_dim)
 
-    def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def queries(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
         q = self.split_heads(self.q_proj(x), self.num_heads)  # (batch, heads, seq, head_dim)
-        return apply_rope(self.q_norm(q), cos, sin)
+        return apply_rope(self.q_norm(q), *rope)
 
-    def keys_values(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def keys_values(self, x: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
         k = self.split_heads(self.k_proj(x), self.num_kv_heads)  # (batch, kv_heads, seq, head_dim)
         v = self.split_heads(self.v_proj(x), self.num_kv_heads)  # (batch, kv_heads, seq, head_dim)
-        return apply_rope(self.k_norm(k), cos, sin), v
+        return apply_rope(self.k_norm(k), *rope), v
 
     def output(self, heads: torch.Tensor) -> torch.Tensor:
         batch, _, seq, _ = heads.shape  # heads: (batch, heads, seq, head_dim)
         return self.o_proj(heads.transpose(1, 2).reshape(batch, seq, -1))  # (batch, seq, heads * head_dim) -> hidden
 
-    def forward(self, x, cos, sin, mask, cache: "KVCache | None", layer: int, slots: torch.Tensor, num_keys: int):
-        q = self.queries(x, cos, sin)
-        k, v = self.keys_values(x, cos, sin)
-        if cache is None:
-            return self.output(attend(q, k, v, mask))
-        k, v = cache.write(layer, slots, k, v, num_keys)  # store this chunk, read the first num_keys slots
-        return self.output(cache.attend(q, k, v, mask))
+    def forward(self, x: torch.Tensor, rope: Rope, attend: Attend, store: "Store | None") -> torch.Tensor:
+        q = self.queries(x, rope)
+        k, v = self.keys_values(x, rope)
+        if store is not None:
+            k, v = store(k, v)  # the chunk joins the cache; every key and value to read comes back
+        return self.output(attend(q, k, v))
 
 
 class MLP(nn.Module):
@@ -170,8 +180,8 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x, cos, sin, mask, cache, layer, slots, num_keys):
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, layer, slots, num_keys)
+    def forward(self, x: torch.Tensor, rope: Rope, attend: Attend, store: "Store | None") -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, attend, store)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -185,7 +195,6 @@ class KVCache:
     the caller commits what it keeps (`extend`) or cuts the rejected tail (`trim`): the next
     chunk overwrites it before anything reads it. A compiled pass needs one shape, so with
     `fixed_shape` it reads the whole buffer and the position mask hides every slot past the query.
-    `prepare` and `attend` say how attention reads the cache (`dflash/flex_reads.py` has another way).
     """
 
     def __init__(self, num_layers: int, batch: int, num_kv_heads: int, max_length: int, head_dim: int,
@@ -208,18 +217,17 @@ class KVCache:
         or with `fixed_shape` the whole buffer (the position mask hides what lies ahead)."""
         return self.max_length if self.fixed_shape else self.length + chunk
 
-    def write(self, layer: int, positions: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_keys: int):
-        """Store k, v (batch, kv_heads, seq, head_dim) at `positions`; return the first `num_keys` slots."""
-        self.keys[layer].index_copy_(2, positions, k)
-        self.values[layer].index_copy_(2, positions, v)
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """Store a chunk's k, v (batch, kv_heads, seq, head_dim) at `slots` (seq,), right after the committed
+        ones; return the `keys_to_read(seq)` first slots of the layer's keys and values."""
+        self.keys[layer].index_copy_(2, slots, k)
+        self.values[layer].index_copy_(2, slots, v)
+        num_keys = self.keys_to_read(len(slots))
         return self.keys[layer][:, :, :num_keys], self.values[layer][:, :, :num_keys]
 
-    def prepare(self, mask: torch.Tensor, seq: int):
-        """The mask as `attend` applies it, built once per pass and shared by the layers: here the mask itself."""
-        return mask
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prepared) -> torch.Tensor:
-        return attend(q, k, v, prepared)
+    def store(self, layer: int, slots: torch.Tensor) -> "Store":
+        """What layer `layer` of a pass calls with its chunk's keys and values: `write` at `slots`."""
+        return functools.partial(self.write, layer, slots)
 
     def compact(self, sources: torch.Tensor, first: int) -> None:
         """Move a draft tree's accepted path from `sources` (n,) to first..first+n-1 (gathered first: may overlap)."""
@@ -255,20 +263,26 @@ def causal_mask(positions: torch.Tensor, num_keys: int, key_padding: torch.Tenso
     return mask
 
 
-def chunk_mask_over_cache(slots: torch.Tensor, chunk_mask: torch.Tensor, num_keys: int) -> torch.Tensor:
+def tree_mask_over_cache(slots: torch.Tensor, tree_mask: torch.Tensor, num_keys: int) -> torch.Tensor:
     """True where query i of a chunk written at `slots` (seq,) may attend to key slot j.
 
-    Every query sees the committed slots and, within the chunk, entry j where chunk_mask[i, j]
+    Every query sees the committed slots and, within the chunk, entry j where tree_mask[i, j]
     (a draft tree's ancestors and itself). Tensors only, so a compiled pass keeps one graph.
     """
     key_slots = torch.arange(num_keys, device=slots.device)
     committed = key_slots[None, :] < slots[0]  # (1, keys): the context before the chunk
-    within = torch.zeros(chunk_mask.shape[0], num_keys, dtype=torch.bool, device=slots.device)
-    within = within.index_copy(1, slots, chunk_mask)  # (seq, keys): column j of chunk_mask lands at slot slots[j]
+    within = torch.zeros(tree_mask.shape[0], num_keys, dtype=torch.bool, device=slots.device)
+    within = within.index_copy(1, slots, tree_mask)  # (seq, keys): column j of tree_mask lands at slot slots[j]
     return committed | within  # (seq, keys)
 
 
 # ------------------------------------------------------------------------ the model
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """The greedy token, the first index on a tie: (..., vocab) -> (...); `max` is faster than `argmax` on the CPU."""
+    return logits.max(dim=-1).indices
+
 
 
 class Qwen3(nn.Module):
@@ -294,30 +308,28 @@ class Qwen3(nn.Module):
         return F.linear(hidden, self.head_weight)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None, cache: KVCache | None = None,
-                capture_layers: Sequence[int] = (), key_padding: torch.Tensor | None = None,
-                slots: torch.Tensor | None = None, chunk_mask: torch.Tensor | None = None,
+                *, capture_layers: Sequence[int] = (), attend: Attend | None = None, slots: torch.Tensor | None = None,
+                key_padding: torch.Tensor | None = None,
                 last_layer: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run input_ids (batch, seq); return the normed hidden states and `capture_layers`' outputs side by side.
 
-        `positions` (seq,) are also the slots written, by default right after what the cache has
-        committed (the forward never commits). A draft tree writes token i at `slots[i]` and sees what
-        `chunk_mask` (seq, seq) allows. `last_layer` stops early, its output then not normed.
+        `positions` (seq,) are also the cache slots written, by default right after what the cache has
+        committed (the forward never commits). `attend` defaults to causal attention over the cache
+        (`key_padding` (batch, keys), True for real tokens, hides a batch's left padding); a draft tree
+        passes its own, and writes token i at `slots[i]`. `last_layer` stops early, its output then not normed.
         """
         batch, seq = input_ids.shape
         if positions is None:
             start = cache.length if cache is not None else 0
             positions = torch.arange(start, start + seq, device=input_ids.device)
+        if attend is None:
+            attend = masked(causal_mask(positions, cache.keys_to_read(seq) if cache is not None else seq, key_padding))
         slots = positions if slots is None else slots
-        num_keys = cache.keys_to_read(seq) if cache is not None else seq
-        mask = (causal_mask(positions, num_keys, key_padding) if chunk_mask is None
-                else chunk_mask_over_cache(slots, chunk_mask, num_keys))
-        if cache is not None:
-            mask = cache.prepare(mask, seq)
         x = self.embed_tokens(input_ids)  # (batch, seq, hidden)
-        cos, sin = self.rotary(positions, x.dtype)  # (seq, head_dim) each
+        rope = self.rotary(positions, x.dtype)  # cos, sin: (seq, head_dim) each
         captured = {}
         for index, layer in enumerate(self.layers if last_layer is None else self.layers[:last_layer + 1]):
-            x = layer(x, cos, sin, mask, cache, index, slots, num_keys)
+            x = layer(x, rope, attend, cache.store(index, slots) if cache is not None else None)
             if index == len(self.layers) - 1:
                 x = self.norm(x)  # the official hidden_states[-1] is after the final norm
             if index in capture_layers:  # only these are kept alive: a long prefill holds no other layer's output

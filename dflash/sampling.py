@@ -12,6 +12,7 @@ import torch
 
 from dflash.checkpoint import read_json
 from dflash.cli import UsageError
+from dflash.qwen3 import argmax
 
 
 @dataclass(frozen=True)
@@ -65,11 +66,6 @@ class Sampling:
 def as_sampling(sampling: Sampling | float) -> Sampling:
     """A bare number is a temperature: `sample(logits, 0.7)` reads as it should."""
     return sampling if isinstance(sampling, Sampling) else Sampling(sampling)
-
-
-def argmax(logits: torch.Tensor) -> torch.Tensor:
-    """`logits.argmax(dim=-1)`, the first index on a tie: (..., vocab) -> (...); `max` is faster on the CPU."""
-    return logits.max(dim=-1).indices
 
 
 def draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

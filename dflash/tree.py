@@ -18,8 +18,6 @@ from dataclasses import dataclass
 
 import torch
 
-from dflash.sampling import Sampling, as_sampling, sample
-
 
 @dataclass
 class DraftTree:
@@ -131,51 +129,3 @@ def path_slots(path: list[int], start: int) -> list[int]:
     """The cache slots where the verify pass wrote the accepted path's keys and values: start + node index.
     They move to start, start + 1, ...: node k of the path has index >= k, so every slot moves down or stays."""
     return [start + node for node in path]
-
-
-# ----------------------------------------------------------- the runner's tree steps
-
-
-class TreeSteps:
-    """The `ModelRunner`'s steps for a tree (generate.py mixes them in): the drafter's candidates, one
-    verify pass over every node, and the accepted path moved into place. The buffers keep what a pass
-    returns past the next pass, as the runner's own do."""
-
-    def make_tree_buffers(self, budget: int, top_k: int, block: int, width: int, like: torch.Tensor) -> None:
-        nodes = budget + 1
-        self.node_offsets = torch.arange(nodes, device=like.device)  # a tree's cache slots, from 0
-        self.node_tokens = torch.zeros(nodes, dtype=torch.long, device=like.device)  # the target's token after each
-        self.node_features = like.new_zeros(1, nodes, width)  # and its features there
-        self.draft_logprobs = torch.zeros(block - 1, top_k, device=like.device)  # the candidates per slot
-        self.draft_candidates = torch.zeros(block - 1, top_k, dtype=torch.long, device=like.device)
-
-    def draft_tree(self, context_features: torch.Tensor, last_token: int, start: int, after_prefill: bool):
-        """As `draft`, the `tree_top_k` likeliest tokens at each slot, likeliest first: (block - 1, k)
-        log-probabilities and ids; slot d's are the candidates at depth d of the tree."""
-        with self.timed("draft"):
-            logprobs, ids = self.run_drafter(context_features, last_token, start, after_prefill,
-                                             tree_top_k=self.tree_top_k)
-            return self.draft_logprobs.copy_(logprobs), self.draft_candidates.copy_(ids)
-
-    def verify_tree(self, tree: DraftTree, sampling: Sampling | float, generator: torch.Generator | None):
-        """The target's token after each node of `tree` (budget + 1,), padding nodes included. Node i goes
-        to cache slot start + i at position start + depth(i) and sees the committed tokens, its ancestors
-        and itself (`verify_inputs`); `keep_path` then commits the chosen path."""
-        sampling = as_sampling(sampling)
-        with self.timed("verify"):
-            tokens, depths, tree_mask = (t.to(self.node_offsets.device) for t in verify_inputs(tree, self.tree_budget))
-            start = self.target_cache.length
-            picks, features = self.passes["verify"](self.target, self.target_cache, self.layer_ids, tokens[None],
-                                                    depths + start, sampling.greedy, self.node_offsets + start,
-                                                    tree_mask)
-            self.node_features.copy_(features)
-            return self.node_tokens.copy_(picks if sampling.greedy else sample(picks, sampling, generator))
-
-    def keep_path(self, path: list[int]) -> torch.Tensor:
-        """Commit the accepted `path` (node indices, root first): its keys and values move next to the
-        committed ones, its features to the front of `features` (1, block, F) for the next draft."""
-        start, nodes = self.target_cache.length, self.node_offsets.new_tensor(path)
-        self.target_cache.compact(self.node_offsets.new_tensor(path_slots(path, start)), start)
-        self.target_cache.extend(len(path))
-        self.features[:, :len(path)] = self.node_features[:, nodes]  # (1, path, F)
-        return self.features

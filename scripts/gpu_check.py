@@ -195,7 +195,7 @@ def step_costs(name: str, shape: dict, device, context: int, repeats: int, extra
         for cache in runner.caches():
             cache.fixed_shape = True  # the compiled loop's reads: the whole buffer under a position mask
         first, features = runner.prefill(prompt, 0.0, None)
-        runner.draft(features, first, context, after_prefill=True)  # fills the drafter's cache with the prompt's
+        runner.draft(features, first, context)  # fills the drafter's cache with the prompt's
     runner, layer_ids, cache = runners[False], runners[False].layer_ids, runners[False].target_cache
     position = torch.tensor([context], device=device)
     token = prompt[:, -1:]

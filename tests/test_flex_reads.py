@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from dflash.drafter import Drafter
 from dflash.flex_reads import FilledBlocks
-from dflash.qwen3 import Qwen3, causal_mask, chunk_mask_over_cache
+from dflash.qwen3 import Qwen3, causal_mask, tree_mask_over_cache
 from generate import ModelRunner, generate_autoregressive, generate_dflash, generate_dflash_tree
 from tests.test_generate import prompt_of
 
@@ -47,7 +47,7 @@ def test_filled_blocks_equal_masked_attention_and_list_only_filled_blocks(case):
     elif case == "verify":
         mask = causal_mask(torch.arange(position, position + 16), keys)
     elif case == "tree":
-        mask = chunk_mask_over_cache(torch.arange(position, position + 4), TREE, keys)
+        mask = tree_mask_over_cache(torch.arange(position, position + 4), TREE, keys)
     elif case == "drafter":
         mask = (torch.arange(keys) <= position + 15)[None, :]  # (1, keys), as Drafter.forward builds it
     else:

@@ -40,8 +40,8 @@ def oracle(runner: ModelRunner, truth: list[int], wrong_at=lambda position: Fals
     """
     real_draft, record, vocab = runner.draft, [], runner.target.config.vocab_size
 
-    def draft(context_features, last_token, start, after_prefill):
-        real_draft(context_features, last_token, start, after_prefill)
+    def draft(context_features, last_token, start):
+        real_draft(context_features, last_token, start)
         guesses, right = [], []
         for position in range(start + 1, start + runner.block_size):
             true = truth[position]
@@ -156,10 +156,10 @@ def test_trimming_never_leaks_a_rejected_token(sharded_pair):
     runner = ModelRunner(target, drafter, max_length=40)
     first, features = runner.prefill(torch.tensor([prompt]), 0.0, None)
     n = len(prompt)
-    runner.draft(features, first, n, after_prefill=True)
+    runner.draft(features, first, n)
     target_tokens, _ = runner.verify(torch.full((runner.block_size - 1,), 5), 0.0, None)  # garbage drafts at n+1...
     bonus = target_tokens[0].item()  # the target's token after `first`: drafts all rejected
-    runner.target_cache.trim(n + 1)
+    runner.target_cache.extend(1)  # commit `first` alone
     cached = decode_pass(target, runner.target_cache, torch.tensor([[bonus]]), torch.tensor([n + 1]), False)
     committed = torch.tensor([prompt + [first, bonus]])  # (1, n + 2)
     fresh = logits_of(target, committed)[:, -1]  # (1, vocab): no cache at all

@@ -74,8 +74,8 @@ def greedy_oracle(runner, target):
         best = next_token_probabilities(target, prefixes, 1.0).argmax(dim=-1).tolist()
         greedy.update(zip(prefixes, best))
 
-    def draft(context_features, last_token, start, after_prefill):
-        real_draft(context_features, last_token, start, after_prefill)
+    def draft(context_features, last_token, start):
+        real_draft(context_features, last_token, start)
         guess = tuple(committed)
         for _ in range(BLOCK - 1):
             guess += (greedy.get(guess, 0),)

@@ -171,7 +171,7 @@ def test_after_compaction_the_next_logits_are_a_fresh_runs(pairs):
     runner = ModelRunner(target, drafter, max_length=48, tree_budget=budget)
     first, features = runner.prefill(torch.tensor([prompt]), 0.0, None)
     n = len(prompt)
-    runner.draft_tree(features, first, n, after_prefill=True)  # keeps the drafter in step; its guesses are replaced:
+    runner.draft_tree(features, first, n)  # keeps the drafter in step; its guesses are replaced:
     # at every depth the truth is the second choice, so the true path runs through second children.
     wrong = lambda token: (token + 1) % target.config.vocab_size  # noqa: E731
     candidates = [[wrong(truth[n + d]), truth[n + d]] for d in range(1, 5)]

@@ -41,8 +41,8 @@ class GreedyGuessRunner(ModelRunner):
 
     committed: list
 
-    def draft(self, context_features, last_token, start, after_prefill):
-        super().draft(context_features, last_token, start, after_prefill)
+    def draft(self, context_features, last_token, start):
+        super().draft(context_features, last_token, start)
         guess = list(self.committed)
         for _ in range(self.block_size - 1):
             guess.append(greedy_next(tuple(guess)))

@@ -60,7 +60,7 @@ for prompt in read_prompts(WEIGHTS / "heldout_problems.jsonl")[:3]:
         context = ids + truth[:offset]
         runner = ModelRunner(target, drafter, max_length=len(context) + K + 1 + B, block_size=B, tree_budget=K)
         last, features = runner.prefill(torch.tensor([context]), 0.0, None, choices if offset == 0 else None)
-        logprobs, candidates = (t.tolist() for t in runner.draft_tree(features, last, len(context), after_prefill=True))
+        logprobs, candidates = (t.tolist() for t in runner.draft_tree(features, last, len(context)))
         for budget in range(1, K + 1):
             reference = build_tree(last, logprobs, candidates, budget)
             assert my_build_tree(last, logprobs, candidates, budget) == (reference.tokens, reference.parents), \

@@ -42,7 +42,7 @@ for ids, choices in prompts:
         context = ids + truth[:offset]
         runner = ModelRunner(target, drafter, max_length=len(context) + 33 + B, block_size=B, tree_budget=32)
         last, features = runner.prefill(torch.tensor([context]), 0.0, None, choices if offset == 0 else None)
-        logprobs, candidates = runner.draft_tree(features, last, len(context), after_prefill=True)  # (B - 1, 32) each
+        logprobs, candidates = runner.draft_tree(features, last, len(context))  # (B - 1, 32) each
         for n in BUDGETS:
             best_first = build_tree(last, logprobs.tolist(), candidates.tolist(), n)
             chain_n = build_tree(last, logprobs[:n, :1].tolist(), candidates[:n, :1].tolist(), n)  # <= B - 1 nodes

@@ -51,7 +51,7 @@ runners = {}
 for block in range(2, B_MAX + 1):
     runner = ModelRunner(target, drafter, max_length=n + 3 * B_MAX, block_size=block)
     last, context = runner.prefill(prompt, 0.0, None)
-    drafts = runner.draft(context, last, n, after_prefill=True).clone()
+    drafts = runner.draft(context, last, n).clone()
     _, features = runner.verify(drafts, 0.0, None)
     runners[block] = (runner, last, drafts, features.clone())
 c = drafter.config.layers
@@ -76,7 +76,7 @@ def fastest(call, repeats: int = 9) -> float:
 for block, (runner, last, drafts, features) in runners.items():
     t_verify[block] = fastest(lambda: (runner.target_cache.trim(n), runner.verify(drafts, 0.0, None)))
 runner, last, drafts, features = runners[B_MAX]
-t_draft = fastest(lambda: (runner.drafter_cache.trim(n), runner.draft(features, last, n + B_MAX, after_prefill=False)))
+t_draft = fastest(lambda: (runner.drafter_cache.trim(n), runner.draft(features, last, n + B_MAX)))
 ar_pass = fastest(lambda: (decode_pass(ar, ar_cache, prompt[:, -1:], torch.tensor([n]), True), ar_cache.trim(n)))
 dflash_speed = tau16 / (t_draft + t_verify[B_MAX] + rest)  # tokens per ms of steps
 
