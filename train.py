@@ -27,7 +27,7 @@ from dflash.cli import (HelpWithDefaults, OneLineErrors, UsageError, add_device_
                         positive, positive_int, run_cli)
 from dflash.drafter import Drafter, DrafterConfig, check_fits, default_target_layer_ids
 from dflash.prompts import PROMPT_FORMAT
-from dflash.qwen3 import Qwen3, Qwen3Config
+from dflash.qwen3 import Qwen3, Qwen3Config, masked
 from dflash.tokenizer import find_tokenizer, stop_token_ids
 from dflash.train_kernels import AnchoredBlocks, chunked_lm_head_loss
 from dflash.training import (Distributed, batch_indices, cosine_with_warmup, distributed_run, estimated_tau,
@@ -116,9 +116,9 @@ def drafter_loss(target: Qwen3, drafter: nn.Module, input_ids: torch.Tensor, los
         block_ids = block_input_ids(input_ids, anchors, block_size, config.mask_token_id)  # (batch, K*B)
         block_embeddings = target.embed_tokens(block_ids)  # (batch, K*B, hidden)
     pattern = AnchoredBlocks(anchors, input_ids.shape[1], block_size)
-    attention = {"mask": pattern.dense_mask()} if dense_attention else {"pattern": pattern}
+    attend = masked(pattern.dense_mask()) if dense_attention else pattern.attend  # the same pattern, two ways
     hidden = drafter(features, block_embeddings, torch.arange(input_ids.shape[1], device=input_ids.device),
-                     block_positions(anchors, block_size), **attention)  # (batch, K*B, hidden)
+                     block_positions(anchors, block_size), attend=attend)  # (batch, K*B, hidden)
     labels = block_labels(input_ids, loss_mask, anchors, real, block_size)  # (batch, K*B)
     scored = labels != IGNORE
     slots = (torch.arange(labels.shape[1], device=labels.device) % block_size).expand_as(labels)[scored]  # (N,)

@@ -101,6 +101,7 @@ class Drafter(nn.Module):
         defaults to every key up to the block's end.
         """
         context = self.hidden_norm(self.fc(target_features))  # (batch, ctx, hidden), once per step
+        context_positions = context_positions.expand(*block_positions.shape[:-1], -1)  # ([batch,] ctx): as the block's
         positions = torch.cat([context_positions, block_positions], dim=-1)  # ([batch,] ctx + B): keys in order
         if attend is None and cache is None:
             attend = masked(None)  # a lone block sees all of its context and all of itself

@@ -1,8 +1,8 @@
-"""The record of a decoding call (tokens, acceptance per step, time) and the acceptance statistics over it."""
+"""The record of a decoding call (tokens, acceptance per step, time) and the acceptance statistics over it.
+`generate.py`'s `GenerationBuilder` fills it in as a loop commits tokens."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -41,42 +41,6 @@ class Generation:
 
     def histogram(self, block_size: int) -> list[int]:
         return acceptance_histogram(self.acceptance_lengths, block_size)
-
-
-class Output:
-    """Builds a loop's `Generation`: at most `limit` tokens, none after a stop token, timed without `on_token`."""
-
-    def __init__(self, limit: int, stop_ids: Sequence[int], on_token: OnToken | None, device: torch.device):
-        self.limit, self.stop_ids, self.on_token, self.device = limit, set(stop_ids), on_token, device
-        self.result = Generation([], [], 0.0)
-        synchronize(device)  # earlier queued GPU work is not ours to time
-        self.began = time.perf_counter()
-
-    @property
-    def done(self) -> bool:
-        ids = self.result.new_ids
-        return len(ids) == self.limit or bool(ids) and ids[-1] in self.stop_ids
-
-    def commit(self, tokens: list[int], drafted: int = 0, step: bool = True) -> None:
-        """Record a step (or the prefill) that committed `tokens`, of which the first `drafted` were drafts."""
-        result = self.result
-        if step:
-            result.acceptance_lengths.append(len(tokens))  # counted whole, even past the limit
-        for i, token in enumerate(tokens):
-            if self.done:
-                break
-            result.new_ids.append(token)
-            if self.on_token is not None:
-                began = time.perf_counter()
-                self.on_token(token, i < drafted)
-                result.callback_seconds += time.perf_counter() - began
-        result.seconds = time.perf_counter() - self.began - result.callback_seconds  # so far: the ids are on the host
-        result.first_token_seconds = result.first_token_seconds or result.seconds
-
-    def finish(self) -> Generation:
-        synchronize(self.device)
-        self.result.seconds = time.perf_counter() - self.began - self.result.callback_seconds
-        return self.result
 
 
 def synchronize(device: torch.device) -> None:

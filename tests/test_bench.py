@@ -1,5 +1,5 @@
-"""The benchmarks: bench.py's arithmetic on step records made up by hand, short runs on the fixture pair, and the
-helpers every benchmark shares (bench_common.py)."""
+"""The benchmarks: the measuring arithmetic (dflash/measure.py) on step records made up by hand, short runs of
+benchmarks/bench.py on the fixture pair, and the helpers every benchmark shares (benchmarks/bench_common.py)."""
 
 import importlib.util
 import json
@@ -10,9 +10,11 @@ import torch
 
 import bench
 import bench_common
+import generate
+from dflash import measure
 from dflash.results import Generation, acceptance_histogram, per_position_acceptance
-from bench import (BenchPrompt, Loops, Run, distinct_ngram_ratio, efficiency, ideal_speedup,
-                   is_degenerate, loop_figures, summarize_row)
+from dflash.measure import (BenchPrompt, Loops, Run, distinct_ngram_ratio, efficiency, ideal_speedup,
+                            is_degenerate, loop_figures, summarize_row)
 from dflash.cli import UsageError
 from dflash.sampling import Sampling
 from dflash.drafter import Drafter
@@ -125,7 +127,8 @@ def loops():
     target = Qwen3.from_pretrained(TARGET)
     drafter = Drafter.from_pretrained(DRAFTER, target=target)
     max_length = max(map(len, PROMPTS)) + NEW_TOKENS + 2 * 8
-    return Loops(target, drafter, stop_ids=[], seed=0, max_new_tokens=NEW_TOKENS, max_length=max_length)
+    return Loops(target, drafter, stop_ids=[], seed=0, max_new_tokens=NEW_TOKENS, max_length=max_length,
+                 engine=generate)
 
 
 def test_the_oracle_accepts_every_block_whole(loops):
@@ -202,12 +205,12 @@ def test_an_option_whose_extra_is_missing_is_refused():
 
 
 def test_accuracy_counts_replies_whose_last_number_is_the_answer():
-    assert bench.final_number("First 3 * 6 = 18. Then 18 + 2 = 20. The answer is 20.") == "20"
-    assert bench.final_number("no number here") is None and bench.final_number("a loss of -4") == "-4"
+    assert measure.final_number("First 3 * 6 = 18. Then 18 + 2 = 20. The answer is 20.") == "20"
+    assert measure.final_number("no number here") is None and measure.final_number("a loss of -4") == "-4"
     runs = [plain_run(VARIED), plain_run(VARIED), plain_run(VARIED)]
     runs[0].correct, runs[1].correct = True, False  # the third prompt has no known answer
-    assert bench.accuracy(runs) == 0.5 and loop_figures(runs)["accuracy"] == 0.5
-    assert bench.accuracy(runs[2:]) is None
+    assert measure.accuracy(runs) == 0.5 and loop_figures(runs)["accuracy"] == 0.5
+    assert measure.accuracy(runs[2:]) is None
 
 
 # ------------------------------------------------------------- what the benchmarks share

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bench import distinct_ngram_ratio, final_number
+from dflash.measure import distinct_ngram_ratio, final_number
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
 from dflash.tokenizer import load_tokenizer

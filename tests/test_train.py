@@ -135,7 +135,7 @@ def draft_all_blocks(drafter, features, embeddings, anchors):
     block = drafter.config.block_size
     pattern = AnchoredBlocks(anchors, features.shape[1], block, blocks_per_chunk=1)
     return drafter(features, embeddings, torch.arange(features.shape[1]), train.block_positions(anchors, block),
-                   pattern=pattern)
+                   attend=pattern.attend)
 
 
 @pytest.fixture

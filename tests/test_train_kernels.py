@@ -103,7 +103,7 @@ def test_flex_block_mask_is_the_same_pattern():
     """The mask_mod FlexAttention runs on CUDA, checked here in its uncompiled reference mode.
 
     FlexAttention has no backward on CPU: the values are compared here, the gradients
-    on a GPU by scripts/gpu_check.py.
+    on a GPU by benchmarks/gpu_check.py.
     """
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -162,7 +162,7 @@ def test_target_features_stop_at_the_last_layer_read():
 # ------------------------------------------------------------------- peak memory
 
 
-MEMORY_PROBE = ROOT / "bench_train.py"
+MEMORY_PROBE = ROOT / "benchmarks" / "bench_train.py"
 
 
 @pytest.mark.parametrize("path, limit_mb", [("fast", 400)])

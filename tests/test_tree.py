@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dflash import measure
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
 from dflash.tree import DraftTree, ancestor_mask, build_tree, path_slots, verify_inputs, walk
@@ -284,5 +285,5 @@ def test_bench_py_puts_trees_beside_the_chain(tmp_path):
     assert all(p["identical_to_baseline"] for p in tree["per_prompt"])
     assert set(tree["all"]["per_step_ms"]) == {"draft", "verify", "accept_and_bookkeeping"}
     assert set(tree["all"]["versus_chain"]) == {"tau", "step_cost", "speedup"}
-    assert bench.step_ms({"draft": 1.0, "verify": 2.0, "accept_and_bookkeeping": 0.5}) == 3.5
-    assert bench.step_ms({"draft": 1.0, "verify": None}) is None
+    assert measure.step_ms({"draft": 1.0, "verify": 2.0, "accept_and_bookkeeping": 0.5}) == 3.5
+    assert measure.step_ms({"draft": 1.0, "verify": None}) is None

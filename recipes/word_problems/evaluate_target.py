@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from paths import WEIGHTS, WORK, require  # also puts the repository root on sys.path, for dflash
-from bench import distinct_ngram_ratio, final_number
+from dflash.measure import distinct_ngram_ratio, final_number
 from dflash.cli import OneLineErrors, UsageError, run_cli
 from dflash.qwen3 import Qwen3
 from dflash.tokenizer import load_tokenizer

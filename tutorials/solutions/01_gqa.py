@@ -13,7 +13,7 @@ sys.path.insert(0, str(ROOT))
 
 import torch
 
-from dflash.qwen3 import Qwen3Config, attend, causal_mask
+from dflash.qwen3 import Qwen3Config, causal_mask, masked
 
 
 def my_grouped_attention(q, k, v):
@@ -36,11 +36,11 @@ torch.manual_seed(0)
 config = Qwen3Config.from_dict(json.loads((ROOT / "weights/tiny-qwen3/config.json").read_text()))
 q = torch.randn(2, config.num_attention_heads, 7, config.head_dim)  # (batch, heads, seq, head_dim)
 k, v = torch.randn(2, 2, config.num_key_value_heads, 7, config.head_dim).unbind(0)  # (batch, kv_heads, seq, d) each
-expected = attend(q, k, v, causal_mask(torch.arange(7), num_keys=7))  # (batch, heads, seq, head_dim)
+expected = masked(causal_mask(torch.arange(7), num_keys=7))(q, k, v)  # (batch, heads, seq, head_dim)
 assert torch.allclose(my_grouped_attention(q, k, v), expected, atol=1e-5)
 
 # Qwen3-8B's grouping too: 32 query heads on 8 key/value heads.
 q = torch.randn(1, 32, 5, 128)  # (batch, heads, seq, head_dim)
 k, v = torch.randn(2, 1, 8, 5, 128).unbind(0)  # (batch, kv_heads, seq, head_dim) each
-assert torch.allclose(my_grouped_attention(q, k, v), attend(q, k, v, causal_mask(torch.arange(5), 5)), atol=1e-5)
+assert torch.allclose(my_grouped_attention(q, k, v), masked(causal_mask(torch.arange(5), 5))(q, k, v), atol=1e-5)
 print("exercise 3: solved")

@@ -33,18 +33,6 @@ def reset_peak_memory(device: torch.device) -> None:
         Path("/proc/self/clear_refs").write_text("5")  # 5: VmHWM back to the current RSS
 
 
-def distinct_ngram_ratio(ids: Sequence[int], n: int = 4) -> float:
-    """Distinct n-grams / all n-grams: 1.0 when nothing repeats (or nothing can: under n ids), near 0 for a loop."""
-    grams = [tuple(ids[i:i + n]) for i in range(len(ids) - n + 1)]
-    return len(set(grams)) / len(grams) if grams else 1.0
-
-
-def final_number(text: str) -> str | None:
-    """The last integer in a reply ("... The answer is 42." -> "42"): what an answer check compares."""
-    numbers = re.findall(r"-?\d+", text.replace(",", ""))
-    return numbers[-1] if numbers else None
-
-
 def print_table(title: str, columns: Sequence[tuple[str, str]], lines: list[Sequence]) -> None:
     """`title`, then a right-aligned table; each column is a (header, format spec), and a spec ending in "x"
     marks a ratio ("1.73x"). A missing value (None) prints as "-"."""

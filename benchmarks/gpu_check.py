@@ -203,22 +203,23 @@ def step_costs(name: str, shape: dict, device, context: int, repeats: int, extra
     for block in (4, 8, 16):
         ids, positions = prompt[:, :block], torch.arange(context, context + block, device=device)
         costs[f"verify {block}"] = seconds_per_call(
-            lambda: verify_pass(target, cache, layer_ids, ids, positions, True), device, repeats)
+            lambda: verify_pass(target, cache, ids, positions, True, layer_ids=layer_ids), device, repeats)
     # The same two passes compiled, reading only the filled key blocks: FlexAttention is used inside
     # compiled passes only, where it becomes one fused kernel.
     backend = "inductor" if device.type == "cuda" else "eager"
     decode = torch.compile(decode_pass, backend=backend, fullgraph=True, dynamic=False)
     verify = torch.compile(verify_pass, backend=backend, fullgraph=True, dynamic=False)
-    flex_cache = runners[True].target_cache
-    costs["decode, flex"] = seconds_per_call(lambda: decode(target, flex_cache, token, position, True), device,
-                                             repeats)
+    flex_cache, flex = runners[True].target_cache, runners[True].reads
+    costs["decode, flex"] = seconds_per_call(lambda: decode(target, flex_cache, token, position, True, reads=flex),
+                                             device, repeats)
     ids, positions = prompt[:, :16], torch.arange(context, context + 16, device=device)
-    costs["verify 16, flex"] = seconds_per_call(lambda: verify(target, flex_cache, layer_ids, ids, positions, True),
-                                                device, repeats)
+    costs["verify 16, flex"] = seconds_per_call(
+        lambda: verify(target, flex_cache, ids, positions, True, reads=flex, layer_ids=layer_ids), device, repeats)
     block_positions = torch.arange(context, context + 16, device=device)
     costs["draft 16"] = seconds_per_call(
-        lambda: draft_pass(target, drafter, runner.drafter_cache, runner.features, block_positions - 16,
-                           runner.block_ids, block_positions), device, repeats)
+        lambda: draft_pass(target, drafter, runner.drafter_cache, runner.features, runner.block_ids, True,
+                           context_positions=block_positions - 16, context_slots=block_positions - 16,
+                           block_positions=block_positions), device, repeats)
     weight_bytes = sum(p.numel() * p.element_size() for p in target.parameters())
     cache_bytes = 2 * shape["num_hidden_layers"] * shape["num_key_value_heads"] * shape["head_dim"] * \
         (context + 64 + extra_buffer) * torch.finfo(dtype).bits // 8  # the compiled decode reads the whole buffer

@@ -18,153 +18,29 @@ import re
 import sys
 import time
 from collections import namedtuple
-from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
-import torch
+ROOT = Path(__file__).resolve().parents[1]  # the repository: generate.py and train.py are imported from there
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
 
-from bench_common import distinct_ngram_ratio, final_number, peak_memory, print_table
-from dflash.checkpoint import read_json
-from dflash.cli import OneLineErrors, UsageError, add_device_options, pick_device, pick_dtype, run_cli
-from dflash.drafter import Drafter
-from dflash.prompts import PROMPT_FORMAT, add_prompt_options, encode_for_generation, read_prompts
-from dflash.qwen3 import Qwen3
-from dflash.results import Generation, per_position_acceptance, synchronize
-from dflash.sampling import Sampling, as_sampling, keep_only, sampled_slots
-from dflash.tokenizer import find_tokenizer, stop_token_ids
-from generate import WEIGHTS, ModelRunner, generate_autoregressive, generate_dflash, generate_dflash_tree
+import torch  # noqa: E402
 
-DEGENERATE_BELOW = 0.3  # an output whose distinct-4-gram ratio is below this is degenerate
+import generate  # noqa: E402
+from bench_common import peak_memory, print_table  # noqa: E402
+from dflash.checkpoint import read_json  # noqa: E402
+from dflash.cli import OneLineErrors, UsageError, add_device_options, pick_device, pick_dtype, run_cli  # noqa: E402
+from dflash.drafter import Drafter  # noqa: E402
+from dflash.measure import (BenchPrompt, Loops, Run, distinct_ngram_ratio, left_out, loop_figures, ratio,  # noqa: E402
+                            step_ms, summarize_row)
+from dflash.prompts import PROMPT_FORMAT, add_prompt_options, encode_for_generation, read_prompts  # noqa: E402
+from dflash.qwen3 import Qwen3  # noqa: E402
+from dflash.sampling import Sampling, keep_only, sampled_slots  # noqa: E402
+from dflash.tokenizer import find_tokenizer, stop_token_ids  # noqa: E402
+
 SUMMARY = ("prompts", "tau", "tokens_per_second", "speedup", "ideal_speedup", "efficiency", "accuracy",
            "first_token_ms", "time_per_output_token_ms")  # the figures of a loop printed, in order
-
-
-def is_degenerate(ids: Sequence[int]) -> bool:
-    return distinct_ngram_ratio(ids) < DEGENERATE_BELOW
-
-
-def accuracy(runs: Sequence[Run]) -> float | None:
-    """The share of correct replies among the runs whose prompt has a known answer (None: none has)."""
-    checked = [run.correct for run in runs if run.correct is not None]
-    return sum(checked) / len(checked) if checked else None
-
-
-def ratio(numerator: float | None, denominator: float | None) -> float | None:
-    return None if numerator is None or not denominator else numerator / denominator
-
-
-def ideal_speedup(tau: float, t_decode: float, t_draft: float, t_verify: float) -> float | None:
-    """The plain loop pays t_decode per token; DFlash pays t_draft + t_verify per step of tau tokens."""
-    return None if None in (tau, t_decode, t_draft, t_verify) else ratio(tau * t_decode, t_draft + t_verify)
-
-
-def efficiency(speedup: float, tau: float, t_decode: float, t_draft: float, t_verify: float) -> float | None:
-    """Measured speedup / ideal speedup: the share of what tau promises that the loop delivers."""
-    return ratio(speedup, ideal_speedup(tau, t_decode, t_draft, t_verify))
-
-
-def step_ms(per_step_ms: dict[str, float | None] | None) -> float | None:
-    """The cost of one step: its phases added up, None if one is missing."""
-    return None if not per_step_ms or None in per_step_ms.values() else sum(per_step_ms.values())
-
-
-# A prompt for the loops: "file:line", ids, token healing's first-token choices, the answer (the reply's last number).
-BenchPrompt = namedtuple("BenchPrompt", "where ids first_token_choices answer", defaults=(None, None))
-
-
-@dataclass
-class Run:
-    """One loop on one prompt: the clean pass (the speed), the timed pass and its phases (where the time goes)."""
-
-    result: Generation
-    timed: Generation
-    phase_seconds: dict[str, float] = field(default_factory=dict)
-    phase_calls: dict[str, int] = field(default_factory=dict)
-    correct: bool | None = None  # the reply's last number is the prompt's answer (None: no answer known)
-
-    @property
-    def bookkeeping_seconds(self) -> float:  # outside the prefill and the phases: accepting, committing, trimming
-        return self.timed.seconds - self.timed.first_token_seconds - sum(self.phase_seconds.values())
-
-
-class PhaseClock:
-    """A runner's `clock`: the seconds and calls of each phase, waiting for the GPU before each reading."""
-
-    def __init__(self, device: torch.device, phases: Sequence[str]):
-        self.device, self.seconds, self.calls = device, dict.fromkeys(phases, 0.0), dict.fromkeys(phases, 0)
-
-    @contextmanager
-    def __call__(self, phase: str):
-        synchronize(self.device)
-        began = time.perf_counter()
-        yield
-        synchronize(self.device)
-        self.seconds[phase] += time.perf_counter() - began
-        self.calls[phase] += 1
-
-
-class OracleRunner(ModelRunner):
-    """Drafts `truth` (n,), the prompt and its greedy continuation, so every block is kept; its real draft pass
-    still runs, for its cost and to keep the drafter's cache in step."""
-
-    truth: torch.Tensor | None = None  # None: it drafts as any runner (the warm-up)
-
-    def draft(self, context_features, last_token: int, start: int, *args, **kwargs) -> torch.Tensor:
-        drafts = super().draft(context_features, last_token, start, *args, **kwargs)
-        return drafts if self.truth is None else self.truth[start + 1:start + self.block_size]  # (block - 1,)
-
-
-@dataclass
-class Loops:
-    """The loops ("plain", "DFlash", "tree N", "oracle"), bound to what every call shares; a runner each."""
-
-    target: Qwen3
-    drafter: Drafter
-    stop_ids: list[int]
-    seed: int
-    max_new_tokens: int
-    max_length: int  # the longest prompt, the output, and room for the oracle's truth
-    runner_options: dict = field(default_factory=dict)  # compile, mode
-    decode: Callable[[list[int]], str] | None = None  # ids -> text, to check replies against answers
-    runners: dict[tuple[str, int | None], ModelRunner] = field(default_factory=dict)
-
-    def runner(self, kind: str, block_size: int | None) -> ModelRunner:
-        """A loop's runner, built on first use: its caches and buffers then serve every call."""
-        if (kind, block_size) not in self.runners:
-            budget = int(kind.removeprefix("tree ")) if kind.startswith("tree ") else 0
-            self.runners[kind, block_size] = (OracleRunner if kind == "oracle" else ModelRunner)(
-                self.target, None if kind == "plain" else self.drafter, block_size=block_size, tree_budget=budget,
-                max_length=self.max_length + budget + 1, **self.runner_options)
-        return self.runners[kind, block_size]
-
-    def run(self, kind: str, block_size: int | None, prompt: BenchPrompt, temperature: float | Sampling,
-            max_new_tokens: int | None = None, stop: bool = True, policy: str = "greedy") -> Generation:
-        """One call of a loop, with the seed, limit and first-token choices of every other."""
-        options = dict(sampling=as_sampling(temperature), stop_ids=self.stop_ids if stop else (),
-                       generator=torch.Generator(self.target.embed_tokens.weight.device).manual_seed(self.seed),
-                       runner=self.runner(kind, block_size), first_token_choices=prompt.first_token_choices)
-        args = (prompt.ids, max_new_tokens or self.max_new_tokens)
-        if kind == "plain":
-            return generate_autoregressive(self.target, *args, **options)
-        if kind.startswith("tree "):
-            return generate_dflash_tree(self.target, self.drafter, *args, budget=int(kind[5:]), **options)
-        return generate_dflash(self.target, self.drafter, *args, block_size=block_size, draft_policy=policy, **options)
-
-    def measure(self, kind: str, block_size: int | None, prompt: BenchPrompt, temperature: float | Sampling,
-                truth: list[int] | None = None, policy: str = "greedy") -> Run:
-        """Run a loop twice, clean then phase-timed; check the reply. The oracle drafts `truth`, the greedy reply."""
-        runner = self.runner(kind, block_size)
-        if kind == "oracle":
-            runner.truth = torch.tensor(prompt.ids + truth, device=self.target.embed_tokens.weight.device)
-        result = self.run(kind, block_size, prompt, temperature, policy=policy)
-        phases = ["decode"] if kind == "plain" else ["draft", "verify"]
-        runner.clock = clock = PhaseClock(self.target.embed_tokens.weight.device, phases)
-        timed = self.run(kind, block_size, prompt, temperature, policy=policy)
-        runner.clock = None
-        correct = final_number(self.decode(result.new_ids)) == prompt.answer if prompt.answer and self.decode else None
-        return Run(result, timed, clock.seconds, clock.calls, correct)
 
 
 # baseline: the plain loop's runs at the same sampling; policy: how DFlash drafts; filters: "" or e.g. "k20 p0.8".
@@ -213,64 +89,20 @@ def time_transformers(model_dir: Path, prompts: Sequence[BenchPrompt], max_new_t
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, **{dtype_keyword: dtype}).to(device).eval()
     stop = dict(eos_token_id=list(stop_ids), pad_token_id=stop_ids[0]) if stop_ids else {}
 
-    def generate(prompt: BenchPrompt, tokens: int) -> list[int]:  # transformers' generate runs without gradients
+    def peer_generate(prompt: BenchPrompt, tokens: int) -> list[int]:  # transformers' generate runs without gradients
         choices, ids = prompt.first_token_choices, torch.tensor([prompt.ids], device=device)  # ids: (1, n)
         heal = [lambda so_far, scores: keep_only(scores, choices) if so_far.shape[1] == len(prompt.ids) else scores]
         out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=tokens,
                              logits_processor=heal if choices else None, **stop)  # healing: the first token only
         return out[0, len(prompt.ids):].tolist()  # on the host: the device has finished
 
-    generate(prompts[0], min(max_new_tokens, 8))  # unmeasured, as the loops' first calls; it ends synchronized
+    peer_generate(prompts[0], min(max_new_tokens, 8))  # unmeasured, as the loops' first calls; it ends synchronized
     began = time.perf_counter()
-    outputs = [generate(prompt, max_new_tokens) for prompt in prompts]
+    outputs = [peer_generate(prompt, max_new_tokens) for prompt in prompts]
     speed = ratio(sum(map(len, outputs)), time.perf_counter() - began)
     return {"library": "transformers", "version": transformers.__version__, "prompts": len(prompts),
             "tokens_per_second": speed, "plain_over_peer": ratio(loop_figures(plain)["tokens_per_second"], speed),
             "agree": sum(out == run.result.new_ids for out, run in zip(outputs, plain))}
-
-
-def loop_figures(runs: Sequence[Run], block_size: int | None = None) -> dict:
-    """One loop's figures over some prompts, its clean passes pooled into one `Generation`; times in ms."""
-    if not runs:
-        return {"prompts": 0}
-    pooled = Generation([t for run in runs for t in run.result.new_ids],
-                        [n for run in runs for n in run.result.acceptance_lengths],
-                        sum(run.result.seconds for run in runs),
-                        first_token_seconds=sum(run.result.first_token_seconds for run in runs))
-    phases = {name: sum(run.phase_seconds[name] for run in runs) for name in runs[0].phase_seconds}
-    phases["accept_and_bookkeeping"] = sum(run.bookkeeping_seconds for run in runs)
-    steps, after_first = sum(run.timed.steps for run in runs), pooled.seconds - pooled.first_token_seconds
-    figures = {"prompts": len(runs), "new_tokens": pooled.new_tokens, "steps": pooled.steps, "accuracy": accuracy(runs),
-               "tau": pooled.mean_acceptance if pooled.steps else None,
-               "tokens_per_second": ratio(pooled.new_tokens, pooled.seconds),
-               "first_token_ms": 1000 * pooled.first_token_seconds / len(runs),
-               "time_per_output_token_ms": ratio(1000 * after_first, pooled.new_tokens - len(runs)),
-               "per_step_ms": {name: ratio(1000 * seconds, steps) for name, seconds in phases.items()}}
-    if block_size is not None:
-        figures.update(acceptance_histogram=pooled.histogram(block_size),
-                       per_position_acceptance=per_position_acceptance(pooled.acceptance_lengths, block_size))
-    return figures
-
-
-def left_out(runs: Sequence[Run], baseline: Sequence[Run], temperature: float) -> list[bool]:
-    """Per prompt, whether the non-degenerate figures leave it out: one prompt set for both sides of a speedup."""
-    return [is_degenerate(plain.result.new_ids) or (temperature > 0 and is_degenerate(run.result.new_ids))
-            for run, plain in zip(runs, baseline)]
-
-
-def summarize_row(runs: Sequence[Run], baseline: Sequence[Run], temperature: float, block_size: int | None) -> dict:
-    """A loop against the plain one, over all prompts and the non-degenerate ones (speedup: prefill included)."""
-    summary = {}
-    for half, out in (("all", [False] * len(runs)), ("non_degenerate", left_out(runs, baseline, temperature))):
-        fast = loop_figures([run for run, o in zip(runs, out) if not o], block_size)
-        plain = loop_figures([run for run, o in zip(baseline, out) if not o])
-        speedup = ratio(fast.get("tokens_per_second"), plain.get("tokens_per_second"))
-        costs = (fast.get("tau"), plain.get("per_step_ms", {}).get("decode"),
-                 *map(fast.get("per_step_ms", {}).get, ("draft", "verify")))
-        summary[half] = {**fast, "baseline": plain, "speedup": speedup, "ideal_speedup": ideal_speedup(*costs),
-                         "efficiency": efficiency(speedup, *costs), "decode_speedup": ratio(
-                             plain.get("time_per_output_token_ms"), fast.get("time_per_output_token_ms"))}
-    return summary
 
 
 def build_report(conditions: dict, prompts: Sequence[BenchPrompt], rows: Sequence[Row], memory: dict,
@@ -371,9 +203,9 @@ def require(module: str, extra: str, why: str) -> None:
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineErrors(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1] + "\n" + PROMPT_FORMAT,
                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", type=Path, default=WEIGHTS / "tiny-qwen3")
-    p.add_argument("--draft", type=Path, default=WEIGHTS / "tiny-qwen3-dflash")
-    p.add_argument("--prompts", type=Path, default=WEIGHTS / "heldout_problems.jsonl")
+    p.add_argument("--model", type=Path, default=generate.WEIGHTS / "tiny-qwen3")
+    p.add_argument("--draft", type=Path, default=generate.WEIGHTS / "tiny-qwen3-dflash")
+    p.add_argument("--prompts", type=Path, default=generate.WEIGHTS / "heldout_problems.jsonl")
     p.add_argument("--block-sizes", type=int, nargs="+", default=None, help="default: the drafter's")
     p.add_argument("--temperatures", type=float, nargs="+", default=[0.0])
     p.add_argument("--trees", type=int, nargs="+", default=[], metavar="N", help="also draft trees of N nodes")
@@ -419,7 +251,8 @@ def run(args) -> int:
     loops = Loops(target, drafter, stop_token_ids(args.model, tokenizer), args.seed, args.max_new_tokens,
                   max_length=max(len(p.ids) for p in prompts) + args.max_new_tokens + 2 * max(block_sizes),
                   runner_options=dict(compile=compile, mode="reduce-overhead" if device.type == "cuda" else None),
-                  decode=(lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None)
+                  decode=(lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None,
+                  engine=generate)
     cpus = re.findall(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text()) if sys.platform == "linux" else []
     chip = torch.cuda.get_device_name(device) if device.type == "cuda" else (cpus or ["unknown CPU"])[0]
     conditions = {**vars(args), "machine": chip, "torch": torch.__version__, "threads": torch.get_num_threads(),
