@@ -144,7 +144,7 @@ class Loops:
         return self.runners[kind, block_size]
 
     def run(self, kind: str, block_size: int | None, prompt: BenchPrompt, temperature: float | Sampling,
-            max_new_tokens: int | None = None, stop: bool = True, policy: str = "greedy") -> Generation:
+            max_new_tokens: int | None = None, *, stop: bool = True, policy: str = "greedy") -> Generation:
         """One call of a loop, with the seed, limit and first-token choices of every other."""
         options = dict(sampling=as_sampling(temperature), stop_ids=self.stop_ids if stop else (),
                        generator=torch.Generator(self.target.embed_tokens.weight.device).manual_seed(self.seed),

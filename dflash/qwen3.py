@@ -197,7 +197,7 @@ class KVCache:
     `fixed_shape` it reads the whole buffer and the position mask hides every slot past the query.
     """
 
-    def __init__(self, num_layers: int, batch: int, num_kv_heads: int, max_length: int, head_dim: int,
+    def __init__(self, num_layers: int, batch: int, num_kv_heads: int, max_length: int, head_dim: int, *,
                  device=None, dtype=torch.float32):
         shape = (batch, num_kv_heads, max_length, head_dim)
         self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]

@@ -37,3 +37,47 @@ def test_the_rule_catches_a_violation(tmp_path):
     bad = tmp_path / "bad.py"
     bad.write_text("def f():\n    from generate import sample\n")
     assert "generate" in imported_modules(bad) & TOP_LEVEL_SCRIPTS
+
+
+# ------------------------------------------------ narrow signatures on the reading path
+
+MAX_POSITIONAL = 6  # past this, options are keyword-only and named at every call
+
+
+def wide_signatures(source: Path) -> list[str]:
+    """Every function in `source` taking more than MAX_POSITIONAL positional parameters (self, cls and an
+    autograd Function's ctx not counted: the caller never passes them)."""
+    wide = []
+    for node in ast.walk(ast.parse(source.read_text(), filename=str(source))):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            named = [a.arg for a in node.args.posonlyargs + node.args.args if a.arg not in ("self", "cls", "ctx")]
+            if len(named) > MAX_POSITIONAL:
+                wide.append(f"{source.relative_to(ROOT)}:{node.lineno} {node.name}({', '.join(named)})")
+    return wide
+
+
+def test_no_function_of_the_library_or_the_loops_takes_more_than_six_positional_parameters():
+    sources = sorted(PACKAGE.glob("*.py")) + [ROOT / "generate.py", ROOT / "train.py"]
+    assert [wide for source in sources for wide in wide_signatures(source)] == []
+
+
+def test_the_signature_rule_catches_a_wide_function(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f(a, b, c, d, e, f, g):\n    pass\n\ndef ok(self, a, b, c, d, e, f, *, g):\n    pass\n")
+    assert [line.split(" ", 1)[1] for line in wide_signatures_in(bad)] == ["f(a, b, c, d, e, f, g)"]
+
+
+def wide_signatures_in(source: Path) -> list[str]:
+    """`wide_signatures` for a file outside the repository (the rule's own test)."""
+    global ROOT
+    saved, ROOT = ROOT, source.parent
+    try:
+        return wide_signatures(source)
+    finally:
+        ROOT = saved
+
+
+def test_the_model_runner_has_no_base_class():
+    runner = next(node for node in ast.parse((ROOT / "generate.py").read_text()).body
+                  if isinstance(node, ast.ClassDef) and node.name == "ModelRunner")
+    assert runner.bases == []

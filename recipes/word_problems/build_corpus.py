@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--heldout-count", type=int, default=2_000, help="held-out problems (loss, accuracy)")
     parser.add_argument("--question-count", type=int, default=20_000,
                         help="training questions for the drafter's data (a prefix of the training problems)")
-    parser.add_argument("--shipped-count", type=int, default=60, help="held-out problems shipped in weights/ (bench.py's)")
+    parser.add_argument("--shipped-count", type=int, default=60, help="held-out problems shipped in weights/ (benchmarks/bench.py's)")
     return parser
 
 

@@ -26,7 +26,7 @@ from dflash.cli import OneLineErrors, run_cli  # noqa: E402
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrors(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--log", type=Path, default=WEIGHTS / "tiny-qwen3-dflash" / "train_log.jsonl")
-    parser.add_argument("--out", type=Path, default=WEIGHTS / "tiny-qwen3-dflash-training.png")
+    parser.add_argument("--out", type=Path, default=WEIGHTS.parent / "docs" / "results" / "tiny-qwen3-dflash-training.png")
     return parser
 
 

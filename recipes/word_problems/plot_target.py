@@ -7,7 +7,7 @@ solve them rather than memorise its training problems. A gap that keeps growing 
 over-fitting; on this corpus and budget the two should stay close.
 
 Usage:  python recipes/word_problems/plot_target.py [--log recipes/word_problems/work/target_log.json [PHASE-2 LOG ...]]
-                                           [--out weights/tiny-qwen3-training.png]
+                                           [--out docs/results/tiny-qwen3-training.png]
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
                            formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--log", type=Path, nargs="+", default=[WORK / "target_log.json"],
                         help="the run's log; several: the phases of one run, in order")
-    parser.add_argument("--out", type=Path, default=WEIGHTS / "tiny-qwen3-training.png")
+    parser.add_argument("--out", type=Path, default=WEIGHTS.parent / "docs" / "results" / "tiny-qwen3-training.png")
     parser.add_argument("--title", default="tiny Qwen3 trained on word problems")
     return parser
 

@@ -18,7 +18,8 @@ sys.path.insert(0, str(ROOT))
 
 import torch
 
-from bench import BenchPrompt, Loops, loop_figures
+import generate
+from dflash.measure import BenchPrompt, Loops, loop_figures
 from dflash.drafter import Drafter
 from dflash.prompts import encode_for_generation, read_prompts
 from dflash.qwen3 import Qwen3, Qwen3Config
@@ -37,10 +38,10 @@ prompts = [BenchPrompt(p.where, *encode_for_generation(p, tokenizer), p.answer)
 
 # DFlash at block 16 on the notebook's prompts: tau (the same every run), the rest of a step (timed)
 loops = Loops(target, drafter, tokenizer.stop_token_ids, seed=0, max_new_tokens=MAX_NEW,
-              max_length=max(len(p.ids) for p in prompts) + MAX_NEW + 2 * B_MAX)
+              max_length=max(len(p.ids) for p in prompts) + MAX_NEW + 2 * B_MAX, engine=generate)
 loops.run("DFlash", B_MAX, prompts[0], 0.0, 32)  # first-call costs
 runs = [loops.measure("DFlash", B_MAX, p, 0.0) for p in prompts]
-figures = loop_figures(runs, B_MAX)  # the pooled figures bench.py prints
+figures = loop_figures(runs, B_MAX)  # the pooled figures benchmarks/bench.py prints
 tau16, rest = figures["tau"], figures["per_step_ms"]["accept_and_bookkeeping"]
 
 # isolated pass times, fastest of 9: verify at every block, DFlash's draft at 16, one AR pass
