@@ -151,6 +151,29 @@ def test_drafter_loss_fast_path_equals_dense_path():
         torch.testing.assert_close(grad, dense_grad, atol=1e-6, rtol=1e-4)
 
 
+@torch._dynamo.config.patch(fail_on_recompile_limit_hit=True)
+def test_drafter_loss_through_compiled_flex_attention_equals_dense(monkeypatch):
+    """The training forward as a GPU runs it, every drafter layer through `attend_flex` (one block mask shared),
+    compiled by inductor on the CPU (static shapes, forward only: see the FlexAttention tests above), gives the dense
+    path's loss: blocks of 10 over 3 query tiles, context 256."""
+    target = train.freeze(Qwen3.from_pretrained(TINY))
+    cfg = train.TrainConfig(drafter_layers=2, block_size=10)
+    config = train.build_drafter_config(cfg, target.config, None)
+    drafter = Drafter(config)
+    train.init_drafter(drafter, 0)
+    generator = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 500, (2, 256), generator=generator)
+    loss_mask = torch.tensor([[0] * 20 + [1] * 236, [0] * 100 + [1] * 120 + [0] * 36])
+    anchors, real = train.batch_anchors(loss_mask, 30, generator)
+    weights = train.slot_weights(10, 5.0)
+    with torch.no_grad():
+        dense_loss, *_ = train.drafter_loss(target, drafter, ids, loss_mask, anchors, real, config, weights,
+                                            dense_attention=True)
+        monkeypatch.setattr(AnchoredBlocks, "attend", AnchoredBlocks.attend_flex)  # what `attend` picks on CUDA
+        loss, *_ = train.drafter_loss(target, drafter, ids, loss_mask, anchors, real, config, weights)
+    torch.testing.assert_close(loss, dense_loss, atol=1e-6, rtol=1e-6)
+
+
 def test_target_features_stop_at_the_last_layer_read():
     target = Qwen3.from_pretrained(TINY)
     ids = torch.randint(0, 500, (1, 9), generator=torch.Generator().manual_seed(0))
