@@ -53,13 +53,23 @@ class Sampling:
             kth = probs.topk(min(self.top_k, probs.shape[-1]), dim=-1).values[..., -1:]  # (..., 1)
             probs = probs.where(probs >= kth, 0.0)
         if self.top_p < 1:
-            ranked, order = probs.sort(dim=-1, descending=True)  # (..., vocab) each
-            likelier = ranked.cumsum(dim=-1) - ranked  # the mass of the tokens ranked above each one
-            ranked = ranked.where(likelier < self.top_p * ranked.sum(dim=-1, keepdim=True), 0.0)
-            probs = torch.zeros_like(probs).scatter(-1, order, ranked)
+            probs = self.nucleus(probs)
         if self.min_p:
             probs = probs.where(probs >= self.min_p * probs.amax(dim=-1, keepdim=True), 0.0)
         return probs / probs.sum(dim=-1, keepdim=True)
+
+    def nucleus(self, probs: torch.Tensor) -> torch.Tensor:
+        """`probs` (..., vocab) with only the likeliest tokens whose mass reaches top_p of the total. Ranking the whole
+        vocabulary is the slow part of sampling; the kept tokens are few, so only the likeliest `ranks` are ranked,
+        ever more of them until every row drops its last: the mass above a rank only grows, so no later one is kept."""
+        threshold = self.top_p * probs.sum(dim=-1, keepdim=True)  # (..., 1)
+        ranks = min(self.top_k or 64, probs.shape[-1])
+        while True:
+            ranked, order = probs.topk(ranks, dim=-1)  # (..., ranks) each, likeliest first
+            kept = ranked.cumsum(dim=-1) - ranked < threshold  # the mass of the tokens ranked above each one
+            if ranks == probs.shape[-1] or not kept[..., -1].any():
+                return torch.zeros_like(probs).scatter(-1, order, ranked.where(kept, 0.0))
+            ranks = min(4 * ranks, probs.shape[-1])
 
 
 def as_sampling(sampling: Sampling | float) -> Sampling:
