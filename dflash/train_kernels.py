@@ -108,7 +108,7 @@ class AnchoredBlocks:
         """FlexAttention with a block mask: tiles the pattern hides entirely are skipped by the kernel."""
         if self._flex_mask is None:
             self._flex_mask = self.flex_block_mask(q.shape[2], k.shape[2], q.device)
-        compiled = compiled_flex_attention(dynamic=q.device.type != "cpu")  # the CPU: the tests' way, see there
+        compiled = compiled_flex_attention(dynamic=q.device.type != "cpu")  # on the CPU: the tests (see there)
         return compiled(q, k, v, block_mask=self._flex_mask, enable_gqa=True)
 
     def flex_block_mask(self, num_queries: int, num_keys: int, device):

@@ -69,6 +69,7 @@ def anchored_pattern(context, block, count, seed, blocks_per_chunk=16):
 
 
 def random_pattern(seed, blocks_per_chunk):
+    """The chunked attention's small case: 7 blocks of 4 over a context of 40."""
     return anchored_pattern(40, 4, 7, seed, blocks_per_chunk)
 
 
