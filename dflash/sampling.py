@@ -61,7 +61,8 @@ class Sampling:
     def nucleus(self, probs: torch.Tensor) -> torch.Tensor:
         """`probs` (..., vocab) with only the likeliest tokens whose mass reaches top_p of the total. Ranking the whole
         vocabulary is the slow part of sampling; the kept tokens are few, so only the likeliest `ranks` are ranked,
-        ever more of them until every row drops its last: the mass above a rank only grows, so no later one is kept."""
+        ever more of them until every row drops its last: the mass above a rank only grows, so no later one is kept.
+        Each round asks the host whether to go on: on a GPU, a sync."""
         threshold = self.top_p * probs.sum(dim=-1, keepdim=True)  # (..., 1)
         ranks = min(self.top_k or 64, probs.shape[-1])
         while True:
