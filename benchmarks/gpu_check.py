@@ -254,9 +254,10 @@ def flex_gradients_match(device) -> dict:
     from dflash.train_kernels import AnchoredBlocks
 
     generator = torch.Generator().manual_seed(0)
-    anchors = torch.stack([torch.randperm(300, generator=generator)[:24].sort().values + 1 for _ in range(2)])
-    pattern = AnchoredBlocks(anchors.to(device), 301, 16)
-    shape_q, shape_kv = (2, 8, 24 * 16, 64), (2, 4, 301 + 24 * 16, 64)
+    anchors = torch.stack([torch.randperm(255, generator=generator)[:24].sort().values + 1 for _ in range(2)])
+    block = 10  # does not divide Flex's 128-row tile: blocks straddle query tiles
+    pattern = AnchoredBlocks(anchors.to(device), 256, block)  # ... and at context 256 their keys straddle key tiles
+    shape_q, shape_kv = (2, 8, 24 * block, 64), (2, 4, 256 + 24 * block, 64)
     q, k, v = (torch.randn(s, generator=generator).to(device).requires_grad_() for s in (shape_q, shape_kv, shape_kv))
     weights = torch.randn(shape_q, generator=generator).to(device)
     results = []

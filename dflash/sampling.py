@@ -52,15 +52,26 @@ class Sampling:
         probs = torch.softmax(logits.double() / self.temperature, dim=-1)  # (..., vocab)
         if self.top_k:
             kth = probs.topk(min(self.top_k, probs.shape[-1]), dim=-1).values[..., -1:]  # (..., 1)
-            probs = probs.where(probs >= kth, 0.0)
+            probs.masked_fill_(probs < kth, 0.0)  # in place: each (..., vocab) temporary costs a pass over memory
         if self.top_p < 1:
-            ranked, order = probs.sort(dim=-1, descending=True)  # (..., vocab) each
-            likelier = ranked.cumsum(dim=-1) - ranked  # the mass of the tokens ranked above each one
-            ranked = ranked.where(likelier < self.top_p * ranked.sum(dim=-1, keepdim=True), 0.0)
-            probs = torch.zeros_like(probs).scatter(-1, order, ranked)
+            probs = self.nucleus(probs)
         if self.min_p:
-            probs = probs.where(probs >= self.min_p * probs.amax(dim=-1, keepdim=True), 0.0)
-        return probs / probs.sum(dim=-1, keepdim=True)
+            probs.masked_fill_(probs < self.min_p * probs.amax(dim=-1, keepdim=True), 0.0)
+        return probs.div_(probs.sum(dim=-1, keepdim=True))
+
+    def nucleus(self, probs: torch.Tensor) -> torch.Tensor:
+        """`probs` (..., vocab) with only the likeliest tokens whose mass reaches top_p of the total. Ranking the whole
+        vocabulary is the slow part of sampling; the kept tokens are few, so only the likeliest `ranks` are ranked,
+        ever more of them until every row drops its last: the mass above a rank only grows, so no later one is kept.
+        Each round asks the host whether to go on: on a GPU, a sync."""
+        threshold = self.top_p * probs.sum(dim=-1, keepdim=True)  # (..., 1)
+        ranks = min(self.top_k or 64, probs.shape[-1])
+        while True:
+            ranked, order = probs.topk(ranks, dim=-1)  # (..., ranks) each, likeliest first
+            kept = ranked.cumsum(dim=-1) - ranked < threshold  # the mass of the tokens ranked above each one
+            if ranks == probs.shape[-1] or not kept[..., -1].any():
+                return torch.zeros_like(probs).scatter_(-1, order, ranked.where(kept, 0.0))
+            ranks = min(4 * ranks, probs.shape[-1])
 
 
 def as_sampling(sampling: Sampling | float) -> Sampling:
@@ -105,7 +116,7 @@ def verdicts(target_probs: torch.Tensor, drafts: torch.Tensor, draft_probs: torc
     guess = drafts[:n, None]  # (n, 1)
     p_target, q_draft = target_probs[:n].gather(1, guess)[:, 0], draft_probs.gather(1, guess)[:, 0]  # (n,) each
     keep = torch.rand(n, dtype=q_draft.dtype, device=q_draft.device, generator=generator) * q_draft < p_target
-    residual = draw((target_probs[:n] - draft_probs).clamp(min=0.0), generator)  # (n,)
+    residual = draw((target_probs[:n] - draft_probs).clamp_(min=0.0), generator)  # (n,)
     tokens[:n] = torch.where(keep, drafts[:n], residual)
     return tokens
 

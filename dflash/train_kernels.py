@@ -108,24 +108,26 @@ class AnchoredBlocks:
         """FlexAttention with a block mask: tiles the pattern hides entirely are skipped by the kernel."""
         if self._flex_mask is None:
             self._flex_mask = self.flex_block_mask(q.shape[2], k.shape[2], q.device)
-        return compiled_flex_attention()(q, k, v, block_mask=self._flex_mask, enable_gqa=True)
+        compiled = compiled_flex_attention(dynamic=q.device.type != "cpu")  # on the CPU: the tests (see there)
+        return compiled(q, k, v, block_mask=self._flex_mask, enable_gqa=True)
 
     def flex_block_mask(self, num_queries: int, num_keys: int, device):
-        """FlexAttention's block mask, listed tile by tile from the anchors (a query tile needs the context tiles up to
-        its largest anchor, and its own blocks'), not from the dense mask `create_block_mask` would evaluate first."""
+        """FlexAttention's block mask, listed tile by tile from the anchors, not from the dense mask `create_block_mask`
+        would evaluate first. A query tile holds rows of blocks `first..last` (the end ones may straddle the tile's
+        edges), so it needs the context tiles up to their largest anchor and the key tiles of their slots, all of them:
+        the tile's own rows are not enough when the block size does not divide the tile."""
         anchors, block, length, tile = self.anchors.to(device), self.block_size, self.context_length, 128  # Flex's tile
         (batch, count), query_tiles, key_tiles = anchors.shape, -(-num_queries // tile), -(-num_keys // tile)
         first_row = torch.arange(query_tiles, device=device) * tile  # (query tiles,)
         last_row = (first_row + tile).clamp(max=num_queries) - 1
-        largest_anchor = torch.zeros(batch, query_tiles, dtype=anchors.dtype, device=device)
-        blocks = torch.arange(count, device=device)
-        for row in (blocks * block, blocks * block + block - 1):  # a block may straddle two query tiles
-            tiles = (row // tile).expand(batch, count)  # (batch, K): the tile of each block's first / last row
-            largest_anchor.scatter_reduce_(1, tiles, anchors, "amax")  # (batch, query tiles); padding sits at 0
+        first_block, last_block = first_row // block, last_row // block  # (query tiles,) each
+        blocks = torch.arange(count, device=device)  # (K,)
+        touches = (blocks >= first_block[:, None]) & (blocks <= last_block[:, None])  # (query tiles, K)
+        largest_anchor = anchors[:, None, :].where(touches, 0).amax(-1)  # (batch, query tiles); padding sits at 0
         key_tile = torch.arange(key_tiles, device=device)  # (key tiles,)
         sees_context = key_tile[None, None, :] * tile < largest_anchor[:, :, None]  # (batch, query tiles, key tiles)
-        own = (key_tile[None, :] >= (length + first_row[:, None]) // tile) & \
-              (key_tile[None, :] <= (length + last_row[:, None]) // tile)  # (query tiles, key tiles)
+        own = (key_tile[None, :] >= (length + first_block[:, None] * block) // tile) & \
+              (key_tile[None, :] <= (length + last_block[:, None] * block + block - 1) // tile)  # (q tiles, k tiles)
         listed = sees_context | own[None]  # (batch, query tiles, key tiles)
         counts = listed.sum(-1, dtype=torch.int32)  # (batch, query tiles)
         order = torch.argsort((~listed).to(torch.int8), dim=-1, stable=True).to(torch.int32)  # listed tiles first
@@ -141,6 +143,8 @@ class AnchoredBlocks:
 
 
 @functools.cache
-def compiled_flex_attention():
-    """`flex_attention`, compiled once per process: uncompiled it runs a slow reference that scores every key."""
-    return torch.compile(flex_attention, dynamic=True)
+def compiled_flex_attention(dynamic: bool = True):
+    """`flex_attention`, compiled once per process: uncompiled it runs a slow reference that scores every key. On a GPU
+    one kernel serves every step's shape (`dynamic`); inductor's CPU kernel does not build with dynamic shapes (torch
+    2.13), so the tests compile one kernel per shape (`dynamic=False`), forward only: the CPU has no backward."""
+    return torch.compile(flex_attention, dynamic=dynamic)

@@ -160,6 +160,30 @@ def test_filters_keep_what_transformers_keeps_top_k_then_top_p_then_min_p():
     assert torch.allclose(Sampling(2.0).probs(logits), torch.softmax(logits / 2, dim=-1))
 
 
+def full_sort_nucleus(probs, top_p):
+    """Top-p the textbook way: rank the whole vocabulary, keep while the mass ranked above is under top_p."""
+    ranked, order = probs.sort(dim=-1, descending=True)  # (..., vocab) each
+    likelier = ranked.cumsum(dim=-1) - ranked
+    return torch.zeros_like(probs).scatter(-1, order, ranked.where(likelier < top_p * ranked.sum(-1, keepdim=True), 0))
+
+
+@pytest.mark.parametrize("top_p", [0.5, 0.9])
+def test_top_p_ranks_a_prefix_yet_keeps_what_a_full_sort_keeps(top_p):
+    """`Sampling.nucleus` ranks only the likeliest 64, 256, ... tokens; over 5,000 tokens, rows whose nuclei hold from
+    1 to 3,905 tokens keep exactly what the full sort keeps, after top-k too; tied probabilities keep as many."""
+    generator = torch.Generator().manual_seed(0)
+    spread = torch.tensor([[6.0], [3.0], [1.5], [0.5]], dtype=torch.float64)
+    probs = torch.softmax(torch.randn(4, 5000, generator=generator, dtype=torch.float64) * spread, dim=-1)
+    expected = full_sort_nucleus(probs, top_p)
+    assert (expected > 0).sum(-1).max() > 4 * 256  # the prefix grows at least three times
+    assert torch.equal(Sampling(1.0, top_p=top_p).nucleus(probs), expected)
+    after_top_k = probs.where(probs >= probs.topk(300, dim=-1).values[:, -1:], 0.0)  # what top-k 300 leaves
+    assert torch.equal(Sampling(1.0, top_k=300, top_p=top_p).nucleus(after_top_k), full_sort_nucleus(after_top_k, top_p))
+    ties = torch.full((2, 1000), 1e-3, dtype=torch.float64)  # which tied tokens are kept is arbitrary; how many is not
+    assert torch.equal((Sampling(1.0, top_p=top_p).nucleus(ties) > 0).sum(-1),
+                       (full_sort_nucleus(ties, top_p) > 0).sum(-1))
+
+
 @pytest.mark.parametrize("filters", [{}, {"top_k": 3, "top_p": 0.9}], ids=["softmax", "top-k 3, top-p 0.9"])
 @pytest.mark.parametrize("policy", ["greedy", "sampled", "mixed:1"])
 def test_every_draft_policy_follows_the_filtered_target(target, policy, filters):

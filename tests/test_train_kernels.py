@@ -57,14 +57,20 @@ def test_chunked_loss_without_grad_and_refusing_a_trainable_head():
 # ------------------------------------------------------------- the block attention
 
 
-def random_pattern(seed, blocks_per_chunk):
-    """Two rows with different anchors, the second padded with blocks at 0 (as batch_anchors pads)."""
+def anchored_pattern(context, block, count, seed, blocks_per_chunk=16):
+    """Two rows of sorted anchors in 1..context-1, the second's last count // 2 blocks padding at 0 (as batch_anchors
+    pads)."""
     generator = torch.Generator().manual_seed(seed)
-    context, block, count = 40, 4, 7
-    rows = [torch.randperm(context - 1, generator=generator)[:count].sort().values + 1,
-            torch.cat([torch.randperm(context - 1, generator=generator)[:4].sort().values + 1,
-                       torch.zeros(3, dtype=torch.long)])]
+    real = count - count // 2
+    rows = [torch.randint(1, context, (count,), generator=generator).sort().values,
+            torch.cat([torch.randint(1, context, (real,), generator=generator).sort().values,
+                       torch.zeros(count - real, dtype=torch.long)])]
     return AnchoredBlocks(torch.stack(rows), context, block, blocks_per_chunk)
+
+
+def random_pattern(seed, blocks_per_chunk):
+    """The chunked attention's small case: 7 blocks of 4 over a context of 40."""
+    return anchored_pattern(40, 4, 7, seed, blocks_per_chunk)
 
 
 def random_qkv(pattern, dtype=torch.float64):
@@ -146,6 +152,29 @@ def test_drafter_loss_fast_path_equals_dense_path():
         torch.testing.assert_close(grad, dense_grad, atol=1e-6, rtol=1e-4)
 
 
+@torch._dynamo.config.patch(fail_on_recompile_limit_hit=True)
+def test_drafter_loss_through_compiled_flex_attention_equals_dense(monkeypatch):
+    """The training forward as a GPU runs it, every drafter layer through `attend_flex` (one block mask shared),
+    compiled by inductor on the CPU (static shapes, forward only: see the FlexAttention tests above), gives the dense
+    path's loss: blocks of 10 over 3 query tiles, context 256."""
+    target = train.freeze(Qwen3.from_pretrained(TINY))
+    cfg = train.TrainConfig(drafter_layers=2, block_size=10)
+    config = train.build_drafter_config(cfg, target.config, None)
+    drafter = Drafter(config)
+    train.init_drafter(drafter, 0)
+    generator = torch.Generator().manual_seed(5)
+    ids = torch.randint(0, 500, (2, 256), generator=generator)
+    loss_mask = torch.tensor([[0] * 20 + [1] * 236, [0] * 100 + [1] * 120 + [0] * 36])
+    anchors, real = train.batch_anchors(loss_mask, 30, generator)
+    weights = train.slot_weights(10, 5.0)
+    with torch.no_grad():
+        dense_loss, *_ = train.drafter_loss(target, drafter, ids, loss_mask, anchors, real, config, weights,
+                                            dense_attention=True)
+        monkeypatch.setattr(AnchoredBlocks, "attend", AnchoredBlocks.attend_flex)  # what `attend` picks on CUDA
+        loss, *_ = train.drafter_loss(target, drafter, ids, loss_mask, anchors, real, config, weights)
+    torch.testing.assert_close(loss, dense_loss, atol=1e-6, rtol=1e-6)
+
+
 def test_target_features_stop_at_the_last_layer_read():
     target = Qwen3.from_pretrained(TINY)
     ids = torch.randint(0, 500, (1, 9), generator=torch.Generator().manual_seed(0))
@@ -207,18 +236,70 @@ def test_the_flex_block_mask_never_holds_the_dense_mask():
     assert growth_mb < 20, f"peak memory grew by {growth_mb:.0f} MiB"
 
 
-@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
-def test_flex_block_mask_over_several_tiles_with_padding_blocks():
-    """320 queries (3 tiles of 128, blocks of 12 straddling tiles) and a row padded with blocks at 0."""
-    from torch.nn.attention.flex_attention import flex_attention
+# ----------------------------------------- FlexAttention's tile listing, and the real compiler on the CPU
 
-    generator = torch.Generator().manual_seed(3)
-    context, block, count = 300, 12, 27
-    rows = [torch.randperm(context - 1, generator=generator)[:count].sort().values + 1,
-            torch.cat([torch.randperm(context - 1, generator=generator)[:20].sort().values + 1,
-                       torch.zeros(count - 20, dtype=torch.long)])]
-    pattern = AnchoredBlocks(torch.stack(rows), context, block)
-    q, k, v = (t.detach() for t in random_qkv(pattern, torch.float32))
-    block_mask = pattern.flex_block_mask(q.shape[2], k.shape[2], "cpu")
-    out = flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True)
+TILE = 128  # FlexAttention's tile: 128 queries x 128 keys
+
+
+def needed_tiles(pattern):
+    """(batch, query tiles, key tiles): where some query of the tile sees some key of the other, by the dense mask."""
+    mask = pattern.dense_mask()[:, 0]  # (batch, K*B, S + K*B)
+    queries, keys = mask.shape[1:]
+    padded = F.pad(mask, (0, -keys % TILE, 0, -queries % TILE))  # (batch, query tiles * 128, key tiles * 128)
+    tiles = padded.view(len(mask), padded.shape[1] // TILE, TILE, padded.shape[2] // TILE, TILE)
+    return tiles.any(dim=4).any(dim=2)  # (batch, query tiles, key tiles)
+
+
+def listed_tiles(num_blocks, indices, columns):
+    """A block mask's listing, counts (batch, 1, rows) and indices (batch, 1, rows, any), as booleans
+    (batch, rows, columns)."""
+    counted = torch.arange(indices.shape[-1]) < num_blocks[..., None]  # (batch, 1, rows, any): the listed entries
+    hits = torch.zeros(*indices.shape[:-1], columns, dtype=torch.int32)  # (batch, 1, rows, columns)
+    return hits.scatter_add_(-1, indices.long(), counted.int())[:, 0] > 0  # (batch, rows, columns)
+
+
+@pytest.mark.parametrize("block", range(2, 17))
+def test_flex_block_mask_lists_exactly_the_tiles_the_pattern_needs(block):
+    """Both listings a FlexAttention kernel reads: key tiles per query tile (forward, dq) and query tiles per key tile
+    (dk, dv), each exactly the tiles where the dense mask has a visible score. Blocks that do not divide 128 straddle
+    query tiles, and their keys straddle key tiles where the context is within a block of a multiple of 128: the
+    contexts sweep that neighbourhood, and the blocks span 3 query tiles."""
+    for context in (129, 130, 133, 200, 250, 254, 255, 256):
+        pattern = anchored_pattern(context, block, -(-300 // block), seed=context)
+        queries = pattern.anchors.shape[1] * block
+        block_mask = pattern.flex_block_mask(queries, context + queries, "cpu")
+        needed = needed_tiles(pattern)  # (batch, query tiles, key tiles)
+        assert block_mask.full_kv_num_blocks is None  # every listed tile goes through mask_mod: no full tiles
+        assert torch.equal(listed_tiles(block_mask.kv_num_blocks, block_mask.kv_indices, needed.shape[2]), needed)
+        assert torch.equal(listed_tiles(block_mask.q_num_blocks, block_mask.q_indices, needed.shape[1]),
+                           needed.transpose(1, 2))
+
+
+# (context, block, anchors): blocks straddling query tiles and their keys key tiles, and a block that divides 128
+COMPILED_SHAPES = [(256, 10, 30), (381, 7, 43), (130, 12, 25), (301, 16, 9)]
+
+
+@pytest.mark.parametrize("context, block, count", COMPILED_SHAPES)
+@torch._dynamo.config.patch(fail_on_recompile_limit_hit=True)  # one kernel per shape, never a silent eager fallback
+def test_flex_attention_compiled_by_inductor_equals_dense(context, block, count):
+    """`attend_flex` as training runs it on a GPU, compiled by inductor, against dense masked attention.
+
+    Uncompiled, FlexAttention runs a reference that scores every key and ignores the block mask's listing; only the
+    compiled kernel skips the tiles the listing leaves out, so only it can show a tile missing. The GPU compiles
+    with dynamic shapes (`compiled_flex_attention`); inductor's CPU kernel does not build so in torch 2.13, so here
+    each shape is compiled as it is (static), forward only: torch 2.13 refuses FlexAttention's backward on the CPU
+    (inductor's backward is a Triton kernel). The backward reads the same listings, checked exactly above.
+    """
+    pattern = anchored_pattern(context, block, count, seed=context)
+    q, k, v = (t.detach().float() for t in random_qkv(pattern))
+    out = pattern.attend_flex(q, k, v)
     torch.testing.assert_close(out, dense_attention(pattern, q, k, v), atol=1e-5, rtol=1e-5)
+
+
+def test_flex_attention_has_no_backward_on_the_cpu():
+    """Why the compiled test above compares values only; when a torch release adds the backward, this fails:
+    then compare the gradients there too."""
+    pattern = anchored_pattern(201, 10, 30, seed=0)
+    q, k, v = (t.float() for t in random_qkv(pattern))
+    with pytest.raises(NotImplementedError, match="backward on CPU"):
+        pattern.attend_flex(q, k, v)
