@@ -1,7 +1,7 @@
 """Benchmark DFlash against plain decoding on a prompt set, in one run, on one machine.
 
-    python bench.py --block-sizes 4 8 16 --temperatures 0 0.7 --trees 16 --json FILE --plots DIR --peer transformers
-    python bench.py --block-sizes 4 16 --temperatures 0.7 1 --draft-policy greedy sampled mixed:2 --filters none config
+    python benchmarks/bench.py --block-sizes 4 8 16 --temperatures 0 0.7 --trees 16 --json FILE --plots DIR --peer transformers
+    python benchmarks/bench.py --block-sizes 4 16 --temperatures 0.7 1 --draft-policy greedy sampled mixed:2 --filters none config
 
 Pooled over prompts (totals, not means of ratios), and again over the prompts whose outputs do not repeat
 (repetition flatters any drafter): tau, tokens/s, speedup, acceptance per draft slot, correct answers; from a second,

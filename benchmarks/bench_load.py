@@ -1,6 +1,6 @@
 """Benchmark: peak memory while loading a large bf16 checkpoint, relative to its size on disk.
 
-    python bench_load.py --hidden 2048 --layers 16
+    python benchmarks/bench_load.py --hidden 2048 --layers 16
 
 Writes a synthetic Qwen3 checkpoint in the official layout (random bf16 weights,
 optionally sharded) into a temporary folder, then loads it in a fresh process with

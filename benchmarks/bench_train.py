@@ -1,7 +1,7 @@
 """Benchmark: one drafter training step, peak memory and speed, dense path against the fast one.
 
-    python bench_train.py --shape qwen3-0.6b --seq-len 512 --anchors 32 --steps 3
-    python bench_train.py --project          # the formula only: Qwen3-4B/8B at the paper's settings
+    python benchmarks/bench_train.py --shape qwen3-0.6b --seq-len 512 --anchors 32 --steps 3
+    python benchmarks/bench_train.py --project          # the formula only: Qwen3-4B/8B at the paper's settings
 
 The target and drafter have a real Qwen3 shape and random weights (memory and time
 do not depend on what the weights say). Each path runs in a fresh process, so that

@@ -1,7 +1,7 @@
 """The GPU check: is the CUDA path correct, and what does a step cost at real Qwen3 shapes?
 
-    python scripts/gpu_check.py --out runs/gpu_check              # on a CUDA machine (about 5-8 minutes)
-    python scripts/gpu_check.py --out /tmp/gpu_smoke --cpu-smoke   # the same code, tiny sizes, on the CPU (CI)
+    python benchmarks/gpu_check.py --out runs/gpu_check              # on a CUDA machine (about 5-8 minutes)
+    python benchmarks/gpu_check.py --out /tmp/gpu_smoke --cpu-smoke   # the same code, tiny sizes, on the CPU (CI)
 
 Two parts, one report (`report.json` and `report.md` in `--out`):
 
