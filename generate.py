@@ -49,6 +49,7 @@ WEIGHTS = Path(__file__).parent / "weights"
 
 
 def decode_pass(target: Qwen3, cache: KVCache, token, position, greedy: bool = True, *, reads=masked):
+    """The target's pick after one token (1, 1) at `position` (1,): the plain loop's step."""
     attend = reads(causal_mask(position, cache.keys_to_read(1)))  # the committed tokens and itself
     logits = target.logits(target(token, position, cache, attend=attend)[0][0])  # (1, vocab)
     return argmax(logits) if greedy else logits  # (1,) or (1, vocab)
@@ -56,13 +57,14 @@ def decode_pass(target: Qwen3, cache: KVCache, token, position, greedy: bool = T
 
 def verify_pass(target: Qwen3, cache: KVCache, ids, positions, greedy: bool = True, *, reads=masked,
                 layer_ids=(), tree_slots=None, tree_mask=None):
-    """A block (1, block) at `positions`, causal; or a tree's nodes, node i written at `tree_slots[i]`,
-    seeing the committed tokens, its ancestors and itself (`tree_mask`)."""
-    if tree_mask is None:
-        attend, slots = reads(causal_mask(positions, cache.keys_to_read(ids.shape[1]))), positions
-    else:
-        attend, slots = reads(tree_mask_over_cache(tree_slots, tree_mask, cache.keys_to_read(ids.shape[1]))), tree_slots
-    hidden, features = target(ids, positions, cache, capture_layers=layer_ids, attend=attend, slots=slots)
+    """The target's pick after each token of a block (1, block) at `positions`, or of a draft tree's nodes
+    (`tree_mask`: ancestors), and its features there, for the next draft."""
+    keys = cache.keys_to_read(ids.shape[1])
+    if tree_mask is None:  # a chain: causal over the committed tokens and the block
+        mask, slots = causal_mask(positions, keys), positions
+    else:  # a tree: node i, written at slot tree_slots[i], sees the committed tokens, its ancestors and itself
+        mask, slots = tree_mask_over_cache(tree_slots, tree_mask, keys), tree_slots
+    hidden, features = target(ids, positions, cache, capture_layers=layer_ids, attend=reads(mask), slots=slots)
     logits = target.logits(hidden[0])  # (block or nodes, vocab)
     return (argmax(logits) if greedy else logits), features  # features: (1, block or nodes, n_layers * hidden)
 
@@ -161,7 +163,9 @@ class ModelRunner:
         logits = self.target.logits(hidden[0, -1])  # (vocab,)
         if first_token_choices is not None:
             logits = keep_only(logits, first_token_choices)
-        return sample(logits, sampling, generator).item(), features
+        sampling = as_sampling(sampling)
+        first = argmax(logits) if sampling.greedy else sample(logits, sampling, generator)
+        return first.item(), features
 
     def decode(self, token: int, sampling: Sampling | float, generator: torch.Generator | None) -> int:
         """The next token after `token`, which is written right after the committed ones (the loop commits it)."""
@@ -359,7 +363,7 @@ def generate_dflash(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int], 
     `mixed:K`: the first K)."""
     sampling = sampling or Sampling(temperature)
     block_size = block_size or (runner.block_size if runner is not None else drafter.config.block_size)
-    sampled = sampled_slots(draft_policy, block_size, sampling)  # drafts drawn from the drafter, not its argmax
+    sampled = sampled_slots(draft_policy, block_size, sampling)  # slots drawn from the drafter (greedy drafts: 0)
     runner = ready_runner(target, drafter, prompt_ids, max_new_tokens, runner=runner, block_size=block_size)
     output = GenerationBuilder(max_new_tokens, stop_ids, on_token, target.embed_tokens.weight.device)
     last, context = runner.prefill(prompt_ids, sampling, generator, first_token_choices)  # int, (1, n, F)
