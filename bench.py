@@ -36,8 +36,8 @@ from dflash.qwen3 import Qwen3
 from dflash.results import Generation, per_position_acceptance, synchronize
 from dflash.sampling import Sampling, as_sampling, generation_config, keep_only, sampled_slots
 from dflash.tokenizer import find_tokenizer, stop_token_ids
-from generate import (WEIGHTS, ModelRunner, check_request, generate_autoregressive, generate_dflash,
-                      generate_dflash_tree)
+from generate import (WEIGHTS, ModelRunner, check_no_mask_token, check_request, generate_autoregressive,
+                      generate_dflash, generate_dflash_tree)
 
 DEGENERATE_BELOW = 0.3  # an output whose distinct-4-gram ratio is below this is degenerate
 SUMMARY = ("prompts", "tau", "tokens_per_second", "speedup", "ideal_speedup", "efficiency", "accuracy",
@@ -423,6 +423,7 @@ def run(args) -> int:
     for prompt, block_size in itertools.product(prompts, block_sizes):  # what a loop would refuse midway, refused now
         check_request(target, drafter, prompt.ids, args.max_new_tokens, block_size=block_size,
                       tree_budget=max(args.trees, default=0), where=prompt.where)
+        check_no_mask_token(drafter, prompt.ids, prompt.where)
     for policy in args.draft_policy:  # a bad policy is refused before anything runs
         sampled_slots(policy, min(block_sizes), Sampling(max(args.temperatures)) if policy != "greedy" else Sampling())
     config = generation_config(args.model) if "config" in args.filters else {}

@@ -223,12 +223,17 @@ def check_request(target: Qwen3, drafter: Drafter | None, prompt_ids: Sequence[i
         return
     if not 2 <= block_size <= drafter.config.block_size:
         raise UsageError(f"block size must be in 2..{drafter.config.block_size} (the drafter's), got {block_size}")
-    if drafter.config.mask_token_id in prompt_ids:
-        raise UsageError(f"{where}: token id {drafter.config.mask_token_id} is the drafter's mask token (it marks "
-                         "the slots not yet guessed), not a token a prompt may hold")
     if tree_budget + 1 > limit - n:  # its nodes take cache slots after the prompt; its mask is (nodes + 1)^2
         raise UsageError(f"a tree of {tree_budget} nodes does not fit after the prompt's {n} tokens in the model's "
                          f"max_position_embeddings ({limit})")
+
+
+def check_no_mask_token(drafter: Drafter | None, prompt_ids: Sequence[int], where: str) -> None:
+    """A user's prompt holding the drafter's mask token is a mistake (the token marks the slots not yet guessed and
+    is no text's); the loops themselves run on any ids, as tests' random prompts need."""
+    if drafter is not None and drafter.config.mask_token_id in prompt_ids:
+        raise UsageError(f"{where}: token id {drafter.config.mask_token_id} is the drafter's mask token, not a token "
+                         "a prompt may hold")
 
 
 def begin(target: Qwen3, drafter: Drafter | None, prompt_ids: Sequence[int], max_new_tokens: int, runner,
@@ -409,6 +414,7 @@ def run(args) -> int:
     block_size = (args.block_size or drafter.config.block_size) if drafter is not None else 1
     check_request(target, drafter, prompt_ids, args.max_new_tokens, block_size=block_size, tree_budget=args.tree,
                   where=prompt.where)  # before the runner allocates its caches
+    check_no_mask_token(drafter, prompt_ids, prompt.where)
     sampled_slots(args.draft_policy, block_size, sampling)  # a bad policy is refused before any work
     compile = device.type == "cuda" if args.compile is None else args.compile
     runner = ModelRunner(target, drafter, block_size=block_size, tree_budget=args.tree, compile=compile,

@@ -34,7 +34,7 @@ from dflash.training import (Distributed, batch_indices, cosine_with_warmup, dis
                              forget_log_after, freeze, init_weights as init_drafter, load_training_state,
                              optimizer_step, prepare_run_folder, refuse_changes, restore_snapshot, save_training_state,
                              snapshot, steps_per_epoch, stop_on_signals, unwrap, wrap_for_training)
-from generate import check_request, generate_dflash
+from generate import check_no_mask_token, check_request, generate_dflash
 from make_data import collate, encode_prompts, load_sequences
 
 IGNORE = -100  # cross_entropy's ignore_index: this slot has no label
@@ -183,8 +183,9 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
                              target.config.vocab_size)[place.rank::place.world] if cfg.eval_prompts else []
     drafter = init_drafter(Drafter(config), cfg.seed)
     for index, (ids, _) in enumerate(prompts):  # what the evaluation after training would refuse, refused now
-        check_request(target, drafter, ids, cfg.eval_max_new_tokens, block_size=cfg.block_size,
-                      where=f"{cfg.eval_prompts}: prompt {place.rank + index * place.world + 1}")
+        where = f"{cfg.eval_prompts}: prompt {place.rank + index * place.world + 1}"
+        check_request(target, drafter, ids, cfg.eval_max_new_tokens, block_size=cfg.block_size, where=where)
+        check_no_mask_token(drafter, ids, where)
     drafter.recompute_layers = not cfg.keep_activations
     model = wrap_for_training(drafter.to(device).train(), place, cfg.fsdp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)

@@ -29,8 +29,12 @@ class OneLineErrors(argparse.ArgumentParser):
 
 
 def run_cli(parser: argparse.ArgumentParser, run: Callable[..., int], argv: Sequence[str] | None = None) -> int:
-    """Parse, run, and turn every user error into one `error:` line and exit status 2."""
-    args = parser.parse_args(argv)
+    """Parse, run, and turn every user error into one `error:` line and exit status 2 (returned, also for what the
+    parser refuses, so that a caller in the same process gets the status as a shell would)."""
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit:  # `OneLineErrors.error` (2), or --help (0)
+        return exit.code
     try:
         return run(args)
     except (UsageError, CheckpointError, TokenizerError) as err:  # what a user can fix
