@@ -409,8 +409,7 @@ def run(args) -> int:
     tokenizer = find_tokenizer(args.model)
     prompt_ids, choices = encode_for_generation(prompt, tokenizer, args.chat, args.thinking, args.token_healing)
     target = Qwen3.from_pretrained(args.model, device=device, dtype=dtype)
-    drafter = (Drafter.from_pretrained(args.draft, target=target, device=device, dtype=dtype)
-               if args.compare or not args.no_draft else None)
+    drafter = None if args.no_draft else Drafter.from_pretrained(args.draft, target=target, device=device, dtype=dtype)
     block_size = (args.block_size or drafter.config.block_size) if drafter is not None else 1
     check_request(target, drafter, prompt_ids, args.max_new_tokens, block_size=block_size, tree_budget=args.tree,
                   where=prompt.where)  # before the runner allocates its caches
