@@ -334,8 +334,8 @@ def print_report(report: dict) -> None:
                               *map(steps.get, ("draft", "verify", "decode", "accept_and_bookkeeping")), step_ms(steps)])
             print_table(f"{half.replace('_', '-')} prompts (same: greedy output as the plain loop's; correct: the last "
                         "number is the answer;\ntau: an answer's last step counted whole, even past the end of the "
-                        "output; ideal: from the tokens a step added to it;\nms: to the 1st token, per token after it, per step: draft, verify, "
-                        "decode, the rest (accepting, bookkeeping), in all)", columns, lines)
+                        "output; ideal: from the tokens a step added to it;\nms: to the 1st token, per token after it, "
+                        "per step: draft, verify, decode, the rest (accepting, bookkeeping), in all)", columns, lines)
     for row in report["rows"]:  # how often draft slot k was kept, given slot k-1 was
         rates = " ".join("-" if r is None else f"{r:.2f}" for r in row["all"]["per_position_acceptance"])
         print(f"acceptance per slot, {row_label(row)}: {rates}")

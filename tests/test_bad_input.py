@@ -374,8 +374,8 @@ def test_an_evaluation_prompt_the_model_cannot_take_is_refused_before_training(t
     """Bug: `--eval-max-new-tokens` too large for the prompts failed only after training, losing the last log line."""
     heldout = tmp_path / "heldout.jsonl"
     heldout.write_text('{"prompt_ids": [1, 2, 3]}\n')
-    refused(train.main, train_argv(tmp_path, tmp_path / "run", "--eval-prompts", str(heldout),
-                                   "--eval-max-new-tokens", "5000"), capsys, f"{heldout}: prompt 1", "max_new_tokens 5000")
+    argv = train_argv(tmp_path, tmp_path / "run", "--eval-prompts", str(heldout), "--eval-max-new-tokens", "5000")
+    refused(train.main, argv, capsys, f"{heldout}: prompt 1", "max_new_tokens 5000")
 
 
 def test_a_non_finite_loss_stops_the_run_and_keeps_the_last_good_checkpoint(tmp_path, capsys, monkeypatch):
