@@ -25,8 +25,8 @@ from typing import Sequence
 
 import torch
 
-from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_token_ids, int_list, pick_device,
-                        pick_dtype, run_cli)
+from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_token_ids, checked, int_list, pick_device,
+                        pick_dtype, positive_int, run_cli)
 from dflash.drafter import Drafter, cached_block_mask
 from dflash.flex_reads import filled_blocks
 from dflash.prompts import Prompt, add_prompt_options, encode_for_generation
@@ -308,20 +308,43 @@ class GenerationBuilder:
         return self.result
 
 
+def check_request(target: Qwen3, drafter: Drafter | None, prompt_ids: Sequence[int], max_new_tokens: int, *,
+                  block_size: int, tree_budget: int = 0, where: str = "prompt") -> None:
+    """Refuse, in one line naming the problem, what the models cannot serve: before any cache is allocated."""
+    n, limit = len(prompt_ids), target.config.max_position_embeddings
+    if not prompt_ids:
+        raise UsageError(f"{where}: the prompt is empty")
+    if n >= limit:
+        raise UsageError(f"{where}: the prompt's {n} tokens leave no room for new ones in the model's "
+                         f"max_position_embeddings ({limit})")
+    if max_new_tokens <= 0:
+        raise UsageError(f"max_new_tokens must be positive, got {max_new_tokens}")
+    if max_new_tokens > limit - n:
+        raise UsageError(f"{where}: the prompt's {n} tokens and max_new_tokens {max_new_tokens} exceed the model's "
+                         f"max_position_embeddings ({limit}): at most {limit - n} new tokens fit")
+    check_token_ids(prompt_ids, target.config.vocab_size, where)
+    if drafter is None:
+        return
+    if not 2 <= block_size <= drafter.config.block_size:
+        raise UsageError(f"block size must be in 2..{drafter.config.block_size} (the drafter's), got {block_size}")
+    if tree_budget + 1 > limit - n:  # its nodes take cache slots after the prompt; its mask is (nodes + 1)^2
+        raise UsageError(f"a tree of {tree_budget} nodes does not fit after the prompt's {n} tokens in the model's "
+                         f"max_position_embeddings ({limit})")
+
+
+def check_no_mask_token(drafter: Drafter | None, prompt_ids: Sequence[int], where: str) -> None:
+    """A user's prompt holding the drafter's mask token is a mistake (the token marks the slots not yet guessed and
+    is no text's); the loops themselves run on any ids, as tests' random prompts need."""
+    if drafter is not None and drafter.config.mask_token_id in prompt_ids:
+        raise UsageError(f"{where}: token id {drafter.config.mask_token_id} is the drafter's mask token, not a token "
+                         "a prompt may hold")
+
+
 def ready_runner(target: Qwen3, drafter: Drafter | None, prompt_ids: Sequence[int], max_new_tokens: int, *,
                  runner: ModelRunner | None, block_size: int, tree_budget: int = 0) -> ModelRunner:
-    """Refuse (one line, before any cache is allocated) what the models or the runner cannot serve; return
-    `runner`, or a new one sized for this request."""
-    n, limit = len(prompt_ids), target.config.max_position_embeddings
-    slots = n + max_new_tokens + max(block_size, tree_budget + 1)  # the last block or tree may reach past the output
-    if not prompt_ids:
-        raise UsageError("the prompt is empty")
-    if not 0 < max_new_tokens <= limit - n:
-        raise UsageError(f"max_new_tokens must be positive and, with the prompt's {n} tokens, within the model's "
-                         f"max_position_embeddings ({limit}); got {max_new_tokens}")
-    check_token_ids(prompt_ids, target.config.vocab_size, "prompt")
-    if drafter is not None and not 2 <= block_size <= drafter.config.block_size:
-        raise UsageError(f"block size must be in 2..{drafter.config.block_size} (the drafter's), got {block_size}")
+    """Check the request (`check_request`); return `runner`, or a new one sized for it."""
+    slots = len(prompt_ids) + max_new_tokens + max(block_size, tree_budget + 1)  # the last block or tree may reach past
+    check_request(target, drafter, prompt_ids, max_new_tokens, block_size=block_size, tree_budget=tree_budget)
     runner = runner or ModelRunner(target, drafter, block_size=block_size, tree_budget=tree_budget, max_length=slots)
     runner_fits = (block_size, tree_budget or runner.tree_budget) == (runner.block_size, runner.tree_budget)
     if not runner_fits or slots > runner.max_length:
@@ -429,17 +452,20 @@ On a terminal, tokens from accepted drafts are green. Bad input exits with statu
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineErrors(description="Generate with a Qwen3 target, sped up by a DFlash drafter.",
                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--prompt", help="the prompt text")
-    p.add_argument("--prompt-ids", type=int_list, help="the prompt as token ids, e.g. 1,2,3 (needs no tokenizer)")
+    either = p.add_mutually_exclusive_group()
+    either.add_argument("--prompt", help="the prompt text")
+    either.add_argument("--prompt-ids", type=int_list, help="the prompt as token ids, e.g. 1,2,3 (needs no tokenizer)")
     p.add_argument("--model", type=Path, default=WEIGHTS / "tiny-qwen3", help="target checkpoint folder")
     p.add_argument("--draft", type=Path, default=WEIGHTS / "tiny-qwen3-dflash", help="drafter checkpoint folder")
     p.add_argument("--no-draft", action="store_true", help="plain autoregressive decoding only")
     p.add_argument("--compare", action="store_true", help="run the baseline, then DFlash, and report the speedup")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=positive_int, default=128)
     add_sampling_options(p)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--block-size", type=int, help="tokens per draft block (2..the drafter's; default the drafter's)")
-    p.add_argument("--tree", type=int, default=0, metavar="N", help="verify a draft tree of N nodes per step")
+    p.add_argument("--block-size", type=checked(int, "at least 2", lambda x: x >= 2),
+                   help="tokens per draft block (2..the drafter's; default the drafter's)")
+    p.add_argument("--tree", type=checked(int, "0 (no tree) or more", lambda x: x >= 0), default=0, metavar="N",
+                   help="verify a draft tree of N nodes per step")
     add_device_options(p)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the fixed-shape passes (default: on for CUDA, off for CPU)")
@@ -465,22 +491,35 @@ class Printer:
         self.out.flush()
 
 
-def run(args) -> int:
-    device = pick_device(args.device)
-    dtype = pick_dtype(args.dtype, device)
+def check_options(args) -> Prompt:
+    """The prompt the options give; options that contradict each other, or one the run would ignore, are refused
+    before any model is loaded."""
     if args.prompt is None and args.prompt_ids is None:
         raise UsageError("give a prompt with --prompt TEXT or --prompt-ids 1,2,3")
-    if args.tree < 0 or args.tree and args.draft_policy != "greedy":
-        raise UsageError("--tree takes a number of nodes >= 0, and only the greedy draft policy")
+    if args.tree and args.draft_policy != "greedy":
+        raise UsageError("--tree takes only the greedy draft policy")
+    ignored = {"--compare": args.compare, "--tree": args.tree, "--block-size": args.block_size,
+               "--draft-policy": args.draft_policy != "greedy"}
+    for option, given in ignored.items():
+        if args.no_draft and given:
+            raise UsageError(f"--no-draft decodes without the drafter, which {option} needs: give one of them")
+    return (Prompt("--prompt", text=args.prompt) if args.prompt_ids is None
+            else Prompt("--prompt-ids", ids=args.prompt_ids))
+
+
+def run(args) -> int:
+    prompt = check_options(args)
+    device = pick_device(args.device)
+    dtype = pick_dtype(args.dtype, device)
     sampling = sampling_of(args, args.model)
-    target = Qwen3.from_pretrained(args.model, device=device, dtype=dtype)
-    drafter = (Drafter.from_pretrained(args.draft, target=target, device=device, dtype=dtype)
-               if args.compare or not args.no_draft else None)
     tokenizer = find_tokenizer(args.model)
-    prompt = (Prompt("--prompt", text=args.prompt) if args.prompt_ids is None
-              else Prompt("--prompt-ids", ids=args.prompt_ids))
     prompt_ids, choices = encode_for_generation(prompt, tokenizer, args.chat, args.thinking, args.token_healing)
+    target = Qwen3.from_pretrained(args.model, device=device, dtype=dtype)
+    drafter = None if args.no_draft else Drafter.from_pretrained(args.draft, target=target, device=device, dtype=dtype)
     block_size = (args.block_size or drafter.config.block_size) if drafter is not None else 1
+    check_request(target, drafter, prompt_ids, args.max_new_tokens, block_size=block_size, tree_budget=args.tree,
+                  where=prompt.where)  # before the runner allocates its caches
+    check_no_mask_token(drafter, prompt_ids, prompt.where)
     sampled_slots(args.draft_policy, block_size, sampling)  # a bad policy is refused before any work
     compile = device.type == "cuda" if args.compile is None else args.compile
     runner = ModelRunner(target, drafter, block_size=block_size, tree_budget=args.tree, compile=compile,
@@ -523,11 +562,19 @@ def run(args) -> int:
           f"{sampling}, warm-up {warm_up:.1f} s]", file=sys.stderr)
     for name, result in results.items():
         print(f"{name}: {result.new_tokens} new tokens in {result.seconds:.2f} s, {result.tokens_per_second:.1f} "
-              "tokens/s" + ("" if name == "baseline" else f", {result.steps} steps, tau {result.mean_acceptance:.2f}, "
-                            f"acceptance histogram (1..{block_size}) {result.histogram(block_size)}"), file=sys.stderr)
+              "tokens/s" + ("" if name == "baseline" else f", {result.steps} steps, tau {result.mean_acceptance:.2f}"
+                            f"{past_the_end(result)}, acceptance histogram (1..{block_size}) "
+                            f"{result.histogram(block_size)}"), file=sys.stderr)
     if args.compare:
         print(f"speedup: {speedup:.2f}x", file=sys.stderr)
     return 0
+
+
+def past_the_end(result: Generation) -> str:
+    """A note for tau when the last step accepted more than the output kept (it ran into --max-new-tokens or a
+    stop token): tau counts that step whole, as the step happened, so it is above tokens per step."""
+    cut = sum(result.acceptance_lengths) - (result.new_tokens - 1)  # the prefill's token is no step's
+    return f" (with {cut} accepted tokens past the end of the output)" if cut > 0 else ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

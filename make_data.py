@@ -2,8 +2,9 @@
 
 A drafter must guess what *this* target says, so it learns the target's own answers to prompts rendered as
 `generate.py` renders them, one JSONL line per prompt (`index` makes the file resumable; `input_ids` is the prompt,
-its last tokens if too long for the context, then the answer; `loss_mask` is 1 on the answer only):
-    {"index": 7, "input_ids": [151644, 872, ..., 151645], "loss_mask": [0, 0, ..., 1, 1]}"""
+its last tokens if too long for the context, then the answer; `loss_mask` is 1 on the answer only; `settings`, how the
+answer was made, so that a resumed file never mixes answers made two ways):
+    {"index": 7, "input_ids": [151644, 872, ..., 151645], "loss_mask": [0, 0, ..., 1, 1], "settings": {...}}"""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ import torch
 from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
-from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_token_ids, jsonl_records, pick_device,
-                        pick_dtype, positive_int, run_cli)
+from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_output, check_token_ids, jsonl_records,
+                        pick_device, pick_dtype, positive_int, run_cli)
 from dflash.prompts import PROMPT_FORMAT, add_prompt_options, encode_for_generation, read_prompts
 from dflash.qwen3 import Qwen3
 from dflash.sampling import Sampling, add_sampling_options, keep_only, sample, sampling_of
@@ -72,14 +73,24 @@ def generate_batch(target: Qwen3, prompts: list[list[int]], max_new_tokens: int,
     return answers
 
 
-def done_indices(path: Path) -> set[int]:
-    """The indices of the prompts `path` already answers. Only reads: the file is left as it is."""
+def answer_settings(args: argparse.Namespace, sampling: Sampling) -> dict:
+    """Everything besides its prompt that shapes an answer, as a record stores it."""
+    return {"max_new_tokens": args.max_new_tokens, "sampling": str(sampling), "seed": args.seed, "chat": args.chat,
+            "thinking": args.thinking, "token_healing": args.token_healing}
+
+
+def done_indices(path: Path, settings: dict | None = None) -> set[int]:
+    """The indices of the prompts `path` already answers; a record made with other `settings` is refused.
+    Only reads: the file is left as it is."""
     done = set()
     records = jsonl_records(path, "data file", whole_lines_only=True) if path.exists() else []
     for where, record in records:  # whole lines only: a line a crash cut short has no answer yet
         index = record.get("index") if isinstance(record, dict) else None
         if not isinstance(index, int) or isinstance(index, bool):
             raise UsageError(f"{where}: no integer 'index' (not a record of make_data.py)")
+        if settings is not None and record.get("settings", settings) != settings:  # an older file has none
+            raise UsageError(f"{where}: answered with the settings {json.dumps(record['settings'])}, this run's are "
+                             f"{json.dumps(settings)} (resume with the same options, or write to another --out)")
         done.add(index)
     return done
 
@@ -95,7 +106,10 @@ def open_for_append(path: Path) -> TextIO:
 
 def make_data(args: argparse.Namespace) -> int:
     """Answer every prompt `--out` does not answer yet, a batch at a time, appending as we go."""
+    check_output(args.out, "--out")
     sampling = sampling_of(args, args.target)
+    settings = answer_settings(args, sampling)
+    done = done_indices(args.out, settings)
     device = pick_device(args.device)
     target = Qwen3.from_pretrained(args.target, device=device, dtype=pick_dtype(args.dtype, device))
     tokenizer_folder = args.tokenizer or args.target
@@ -108,7 +122,6 @@ def make_data(args: argparse.Namespace) -> int:
                          f"context of {context} positions (max_position_embeddings)")
     prompts = [(ids[-(context - args.max_new_tokens):], choices) for ids, choices in prompts]  # the last tokens fit
     stop_ids = stop_token_ids(tokenizer_folder, tokenizer)
-    done = done_indices(args.out)
     strangers = sorted(i for i in done if not 0 <= i < len(prompts))
     if strangers:
         raise UsageError(f"{args.out}: answers prompt {strangers[0]}, but {args.prompts} has only {len(prompts)} "
@@ -122,7 +135,7 @@ def make_data(args: argparse.Namespace) -> int:
             answers = generate_batch(target, batch, args.max_new_tokens, sampling, stop_ids, generator, choices)
             for i, prompt, answer in zip(indices, batch, answers):  # the format at the top of this file
                 out.write(json.dumps({"index": i, "input_ids": prompt + answer,
-                                      "loss_mask": [0] * len(prompt) + [1] * len(answer)}) + "\n")
+                                      "loss_mask": [0] * len(prompt) + [1] * len(answer), "settings": settings}) + "\n")
             out.flush()  # a crash loses at most the batch being written
             bar.update(len(indices))
     return 0

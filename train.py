@@ -34,7 +34,7 @@ from dflash.training import (Distributed, batch_indices, cosine_with_warmup, dis
                              forget_log_after, freeze, init_weights as init_drafter, load_training_state,
                              optimizer_step, prepare_run_folder, refuse_changes, restore_snapshot, save_training_state,
                              snapshot, steps_per_epoch, stop_on_signals, unwrap, wrap_for_training)
-from generate import generate_dflash
+from generate import check_no_mask_token, check_request, generate_dflash
 from make_data import collate, encode_prompts, load_sequences
 
 IGNORE = -100  # cross_entropy's ignore_index: this slot has no label
@@ -170,7 +170,8 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
     out, device = Path(cfg.out), place.device
     state_path, log_path = out / "training_state.pt", out / "train_log.jsonl"
     if place.main:
-        prepare_run_folder(out, cfg.resume, cfg.force, outputs=(log_path.name, state_path.name))
+        prepare_run_folder(out, cfg.resume, cfg.force,
+                           outputs=(log_path.name, state_path.name, "model.safetensors", "config.json"))
     target = freeze(Qwen3.from_pretrained(cfg.target, device=device, dtype=pick_dtype(cfg.dtype, device)))
     tokenizer_folder = Path(cfg.tokenizer or cfg.target)
     tokenizer = find_tokenizer(tokenizer_folder, required=cfg.tokenizer is not None)
@@ -181,6 +182,10 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
     prompts = encode_prompts(Path(cfg.eval_prompts), tokenizer, None, False, not cfg.no_token_healing,
                              target.config.vocab_size)[place.rank::place.world] if cfg.eval_prompts else []
     drafter = init_drafter(Drafter(config), cfg.seed)
+    for index, (ids, _) in enumerate(prompts):  # what the evaluation after training would refuse, refused now
+        where = f"{cfg.eval_prompts}: prompt {place.rank + index * place.world + 1}"
+        check_request(target, drafter, ids, cfg.eval_max_new_tokens, block_size=cfg.block_size, where=where)
+        check_no_mask_token(drafter, ids, where)
     drafter.recompute_layers = not cfg.keep_activations
     model = wrap_for_training(drafter.to(device).train(), place, cfg.fsdp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
@@ -198,12 +203,15 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
         refuse_changes(state["drafter_config"], run["drafter_config"], "--resume: the drafter's")
         restore_snapshot(state, model, optimizer, scheduler, place, cfg.fsdp, anchors=anchor_generator)
         step, elapsed_before = state["step"], state["elapsed"]
+        if cfg.stop_at is not None and cfg.stop_at < step:
+            raise UsageError(f"--stop-at {cfg.stop_at}: the run in {out} is already at step {step}")
         if place.main:
             forget_log_after(log_path, step)
 
     began = last_save = time.perf_counter()
     sums = torch.zeros(3, cfg.block_size, device=device)  # since the last log line: loss at [0, 0], hits, counts
-    logged_at, tokens_seen, record, signaled, stopping = step, 0, {}, False, step >= total_steps
+    last_step = min(total_steps, cfg.stop_at or total_steps)  # --stop-at ends this job early
+    logged_at, tokens_seen, record, signaled, stopping = step, 0, {}, False, step >= last_step
     with stop_on_signals() as stop, tqdm(total=total_steps, initial=step, disable=not place.main, unit="step") as bar:
         while not stopping:
             batch = [sequences[i] for i in batch_indices(len(sequences), cfg.batch_size, step, cfg.seed, place)]
@@ -212,7 +220,7 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
                 loss, correct, counted = drafter_loss(target, model, input_ids, loss_mask, anchors, real, config,
                                                       weights, cfg.loss_chunk_size, cfg.dense_attention)
-            optimizer_step(loss, model, optimizer, cfg.grad_clip)
+            gradient_norm = optimizer_step(loss, model, optimizer, cfg.grad_clip)
             scheduler.step()
             step += 1
             tokens_seen += sum(len(ids) for ids, _ in batch)
@@ -221,10 +229,14 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
             bar.update(1)
 
             seconds = time.perf_counter() - began
-            signaled, out_of_time, save_by_clock = place.any_of(
+            signaled, out_of_time, save_by_clock, diverged = place.any_of(
                 stop.name, cfg.minutes is not None and seconds > 60 * cfg.minutes,
-                cfg.save_every_minutes > 0 and time.perf_counter() - last_save >= 60 * cfg.save_every_minutes)
-            stopping = step in (total_steps, cfg.stop_at) or out_of_time or signaled
+                cfg.save_every_minutes > 0 and time.perf_counter() - last_save >= 60 * cfg.save_every_minutes,
+                not (torch.isfinite(loss.detach()) & torch.isfinite(gradient_norm)))
+            if diverged:  # before anything is logged or saved: the last checkpoint stays the last good one
+                raise UsageError(f"step {step}: the loss or its gradient is not finite (loss {loss.item():g}, gradient "
+                                 f"norm {gradient_norm.item():g}); stopped without saving (try a lower --lr)")
+            stopping = step >= last_step or out_of_time or signaled
             evaluating = bool(cfg.eval_prompts) and not signaled and (
                 step == total_steps or (cfg.eval_every > 0 and step % cfg.eval_every == 0))
             logging = step % cfg.log_every == 0 or stopping or evaluating
@@ -261,6 +273,9 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
     return record
 
 
+zero_or_more = checked(int, "0 or more", lambda x: x >= 0)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """Every option of a run and its default: the whole configuration, saved with the run (`TrainConfig`)."""
     parser = OneLineErrors(description="Train a DFlash drafter for a frozen Qwen3 target.", epilog=(
@@ -277,30 +292,31 @@ def build_parser() -> argparse.ArgumentParser:
     add("--target-layer-ids", type=int_list,
         help="target layers whose outputs feed the drafter, e.g. 1,9,17,25,33 (default: spread over the target)")
     add("--mask-token-id", type=int, help="the unknown slots' token (default: <|mask|>, else len(tokenizer))")
-    add("--intermediate-size", type=int, help="drafter MLP width (default: the target's)")
-    add("--num-heads", type=int, help="drafter query heads (default: the target's)")
-    add("--num-kv-heads", type=int, help="drafter key/value heads (default: the target's)")
-    add("--head-dim", type=int, help="drafter head width (default: the target's)")
+    add("--intermediate-size", type=positive_int, help="drafter MLP width (default: the target's)")
+    add("--num-heads", type=positive_int, help="drafter query heads (default: the target's)")
+    add("--num-kv-heads", type=positive_int, help="drafter key/value heads (default: the target's)")
+    add("--head-dim", type=positive_int, help="drafter head width (default: the target's)")
     add("--num-anchors", type=positive_int, default=512, help="blocks per sequence per step, at most one per anchor")
     add("--batch-size", type=positive_int, default=4, help="sequences per step and per process")
     add("--max-seq-len", type=positive_int, default=3072, help="longer sequences are cut")
     add("--lr", type=positive, default=6e-4, help="peak learning rate (AdamW)")
-    add("--warmup", type=float, default=0.04, help="fraction of the steps warming up, then cosine down to 0")
-    add("--grad-clip", type=float, default=1.0, help="gradient norm clip")
+    add("--warmup", type=checked(float, "in [0, 1]", lambda x: 0 <= x <= 1), default=0.04,
+        help="fraction of the steps warming up, then cosine down to 0")
+    add("--grad-clip", type=positive, default=1.0, help="gradient norm clip")
     add("--gamma", type=positive, help="loss decay over the slots (default: 7 for B=16, 5 for B=10, 4 for B=8)")
     add("--epochs", type=positive_int, default=6, help="passes over the data")
     add("--steps", type=positive_int, help="train this many steps (overrides --epochs)")
     add("--seed", type=int, default=0, help="seeds the drafter's initialisation, the data order and the anchors")
-    add("--loss-chunk-size", type=checked(int, "0 or more", lambda x: x >= 0), default=512,
+    add("--loss-chunk-size", type=zero_or_more, default=512,
         help="slots per chunk of the LM-head loss (0: all at once)")
     add("--keep-activations", action="store_true", help="keep each drafter layer's activations for the backward "
                                                         "pass, not recompute them (faster, much more memory)")
     add("--dense-attention", action="store_true", help="attend under a dense mask, not skipping masked blocks")
     add("--eval-prompts", help="held-out prompt file: real speculative decoding, greedy, mean tau")
-    add("--eval-every", type=int, default=0, help="steps between evaluations (0: only at the end)")
-    add("--eval-max-new-tokens", type=int, default=128, help="tokens decoded per held-out prompt")
+    add("--eval-every", type=zero_or_more, default=0, help="steps between evaluations (0: only at the end)")
+    add("--eval-max-new-tokens", type=positive_int, default=128, help="tokens decoded per held-out prompt")
     add("--no-token-healing", action="store_true", help="evaluate raw-text prompts unhealed (as the data was made)")
-    add("--save-every", type=int, default=0, help="steps between checkpoints (0: at the end and by the clock)")
+    add("--save-every", type=zero_or_more, default=0, help="steps between checkpoints (0: at the end and by the clock)")
     add("--save-every-minutes", type=checked(float, "0 or more", lambda x: x >= 0), default=10.0,
         help="also checkpoint when this many minutes have passed since the last one (0: off)")
     add("--log-every", type=positive_int, default=10, help="steps between log lines")

@@ -6,13 +6,15 @@
 Pooled over prompts (totals, not means of ratios), and again over the prompts whose outputs do not repeat
 (repetition flatters any drafter): tau, tokens/s, speedup, acceptance per draft slot, correct answers; from a second,
 phase-timed pass, where a step's time goes. The oracle drafts the greedy continuation: the ceiling. The ideal
-speedup tau * t_decode / (t_draft + t_verify) counts the passes only; the efficiency is the measured share of it.
+speedup k * t_decode / (t_draft + t_verify) counts the passes only, k the tokens a step added to the output (tau
+counts an answer's last step whole, past the end of the output); the efficiency is the measured share of it.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
 import re
 import sys
@@ -29,14 +31,14 @@ import torch  # noqa: E402
 
 import generate  # noqa: E402
 from bench_common import peak_memory, print_table  # noqa: E402
-from dflash.checkpoint import read_json  # noqa: E402
-from dflash.cli import OneLineErrors, UsageError, add_device_options, pick_device, pick_dtype, run_cli  # noqa: E402
+from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_output, checked, non_negative,  # noqa: E402
+                        pick_device, pick_dtype, positive_int, run_cli)
 from dflash.drafter import Drafter  # noqa: E402
 from dflash.measure import (BenchPrompt, Loops, Run, distinct_ngram_ratio, left_out, loop_figures, ratio,  # noqa: E402
                             step_ms, summarize_row)
 from dflash.prompts import PROMPT_FORMAT, add_prompt_options, encode_for_generation, read_prompts  # noqa: E402
 from dflash.qwen3 import Qwen3  # noqa: E402
-from dflash.sampling import Sampling, keep_only, sampled_slots  # noqa: E402
+from dflash.sampling import Sampling, generation_config, keep_only, sampled_slots  # noqa: E402
 from dflash.tokenizer import find_tokenizer, stop_token_ids  # noqa: E402
 
 SUMMARY = ("prompts", "tau", "tokens_per_second", "speedup", "ideal_speedup", "efficiency", "accuracy",
@@ -159,8 +161,9 @@ def print_report(report: dict) -> None:
                 lines.append([r["temperature"], r["filters"], r["block_size"], loop, same, *map(figures.get, SUMMARY),
                               *map(steps.get, ("draft", "verify", "decode", "accept_and_bookkeeping")), step_ms(steps)])
             print_table(f"{half.replace('_', '-')} prompts (same: greedy output as the plain loop's; correct: the last "
-                        "number is the answer;\nms: to the 1st token, per token after it, per step: draft, verify, "
-                        "decode, the rest (accepting, bookkeeping), in all)", columns, lines)
+                        "number is the answer;\ntau: an answer's last step counted whole, even past the end of the "
+                        "output; ideal: from the tokens a step added to it;\nms: to the 1st token, per token after it, "
+                        "per step: draft, verify, decode, the rest (accepting, bookkeeping), in all)", columns, lines)
     for row in report["rows"]:  # how often draft slot k was kept, given slot k-1 was
         rates = " ".join("-" if r is None else f"{r:.2f}" for r in row["all"]["per_position_acceptance"])
         print(f"acceptance per slot, {row_label(row)}: {rates}")
@@ -206,14 +209,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", type=Path, default=generate.WEIGHTS / "tiny-qwen3")
     p.add_argument("--draft", type=Path, default=generate.WEIGHTS / "tiny-qwen3-dflash")
     p.add_argument("--prompts", type=Path, default=generate.WEIGHTS / "heldout_problems.jsonl")
-    p.add_argument("--block-sizes", type=int, nargs="+", default=None, help="default: the drafter's")
-    p.add_argument("--temperatures", type=float, nargs="+", default=[0.0])
-    p.add_argument("--trees", type=int, nargs="+", default=[], metavar="N", help="also draft trees of N nodes")
+    p.add_argument("--block-sizes", type=checked(int, "at least 2", lambda x: x >= 2), nargs="+", default=None,
+                   help="default: the drafter's")
+    p.add_argument("--temperatures", type=non_negative, nargs="+", default=[0.0])
+    p.add_argument("--trees", type=positive_int, nargs="+", default=[], metavar="N", help="also draft trees of N nodes")
     p.add_argument("--draft-policy", nargs="+", default=["greedy"], metavar="greedy|sampled|mixed:K",
                    help="above temperature 0, the draft policies to compare (generate.py's --draft-policy)")
     p.add_argument("--filters", nargs="+", choices=["none", "config"], default=["none"],
                    help="above temperature 0: the bare softmax, and/or the top-k/top-p of generation_config.json")
-    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--max-new-tokens", type=positive_int, default=128)
     p.add_argument("--seed", type=int, default=0)
     add_device_options(p)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="default: on for CUDA")
@@ -232,8 +236,10 @@ def run(args) -> int:
         require(args.peer, "peer", f"--peer {args.peer}")
         if 0 not in args.temperatures:
             raise UsageError("--peer compares greedy outputs: include temperature 0 in --temperatures")
-    if any(budget < 1 for budget in args.trees):
-        raise UsageError(f"--trees takes budgets of at least 1 node, got {args.trees}")
+    if args.json:
+        check_output(args.json, "--json")
+    if args.plots:
+        check_output(args.plots, "--plots", folder=True)
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
     target = Qwen3.from_pretrained(args.model, device=device, dtype=dtype)
@@ -242,11 +248,15 @@ def run(args) -> int:
     prompts = [BenchPrompt(p.where, *encode_for_generation(p, tokenizer, args.chat, args.thinking, args.token_healing),
                            p.answer) for p in read_prompts(args.prompts)]
     block_sizes = args.block_sizes or [drafter.config.block_size]
+    for prompt, block_size in itertools.product(prompts, block_sizes):  # what a loop would refuse midway, refused now
+        generate.check_request(target, drafter, prompt.ids, args.max_new_tokens, block_size=block_size,
+                               tree_budget=max(args.trees, default=0), where=prompt.where)
+        generate.check_no_mask_token(drafter, prompt.ids, prompt.where)
     for policy in args.draft_policy:  # a bad policy is refused before anything runs
         sampled_slots(policy, min(block_sizes), Sampling(max(args.temperatures)) if policy != "greedy" else Sampling())
-    config = read_json(args.model / "generation_config.json", UsageError) if "config" in args.filters else {}
-    filter_sets = [{} if f == "none" else dict(top_k=config.get("top_k") or 0, top_p=config.get("top_p", 1.0),
-                                               min_p=config.get("min_p") or 0.0) for f in args.filters]
+    config = generation_config(args.model) if "config" in args.filters else {}
+    filter_sets = [{} if f == "none" else dict(top_k=config.get("top_k", 0), top_p=config.get("top_p", 1.0),
+                                               min_p=config.get("min_p", 0.0)) for f in args.filters]
     compile = device.type == "cuda" if args.compile is None else args.compile
     loops = Loops(target, drafter, stop_token_ids(args.model, tokenizer), args.seed, args.max_new_tokens,
                   max_length=max(len(p.ids) for p in prompts) + args.max_new_tokens + 2 * max(block_sizes),
@@ -269,6 +279,7 @@ def run(args) -> int:
     report = build_report(conditions, prompts, rows, memory, peer)
     print_report(report)
     if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=1, default=str) + "\n")  # paths as text
     for path in write_plots(args.plots, report) if args.plots else []:
         print(f"wrote {path}")

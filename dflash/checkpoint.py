@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -41,6 +42,37 @@ def read_json(path: Path, error: type[Exception] = CheckpointError):
     return parse_json(read_text(path, error), path, error)
 
 
+def is_integer(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)  # JSON's true is not a count
+
+
+def is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+# What a field must be: (the rule as an error message says it, the test). Shared by the config checkers.
+POSITIVE_INTEGER = ("a positive integer", lambda value: is_integer(value) and value > 0)
+NON_NEGATIVE_INTEGER = ("an integer >= 0", lambda value: is_integer(value) and value >= 0)
+POSITIVE_NUMBER = ("a finite number above 0", lambda value: is_number(value) and value > 0)
+BOOLEAN = ("true or false", lambda value: isinstance(value, bool))
+
+# Every `config.json` field a Qwen3 model reads, and what it must be.
+QWEN3_FIELD_RULES = {
+    "vocab_size": POSITIVE_INTEGER, "hidden_size": POSITIVE_INTEGER, "intermediate_size": POSITIVE_INTEGER,
+    "num_hidden_layers": POSITIVE_INTEGER, "num_attention_heads": POSITIVE_INTEGER,
+    "num_key_value_heads": POSITIVE_INTEGER, "head_dim": POSITIVE_INTEGER, "max_position_embeddings": POSITIVE_INTEGER,
+    "rms_norm_eps": POSITIVE_NUMBER, "rope_theta": POSITIVE_NUMBER,
+    "tie_word_embeddings": BOOLEAN, "attention_bias": BOOLEAN}
+
+
+def check_fields(values: dict, rules: dict, source, error: type[Exception] = CheckpointError) -> None:
+    """Refuse the first of `values` that breaks its rule in `rules`, naming the file and the field; a field
+    without a rule is not checked here. Run before any arithmetic, so a bad value never reaches torch."""
+    for name, value in values.items():
+        if name in rules and not rules[name][1](value):
+            raise error(f"{source}: {name} must be {rules[name][0]}, got {json.dumps(value)}")
+
+
 def qwen3_fields(raw: dict, source: str, names: list[str]) -> dict:
     """The fields `names` of a Qwen3 `config.json`, defaults filled in; a field not implemented is refused by name."""
     if not isinstance(raw, dict):
@@ -59,15 +91,19 @@ def qwen3_fields(raw: dict, source: str, names: list[str]) -> dict:
         raise CheckpointError(f"{source}: missing required field(s) {', '.join(sorted(missing))}")
     values = {name: raw[name] for name in names if name in raw}
     values["dtype"] = raw.get("dtype") or raw.get("torch_dtype") or "float32"
-    if not isinstance(getattr(torch, values["dtype"], None), torch.dtype):
+    if not isinstance(values["dtype"], str) or not isinstance(getattr(torch, values["dtype"], None), torch.dtype):
         raise CheckpointError(f"{source}: dtype={values['dtype']!r} is not a torch dtype")
     rope = raw.get("rope_parameters")  # where newer transformers versions write RoPE's base
     if rope is not None:
         if not isinstance(rope, dict) or rope.get("rope_type", "default") != "default" or "rope_theta" not in rope:
             raise CheckpointError(f"{source}: rope_parameters={rope!r} is not supported (only the default RoPE)")
         values["rope_theta"] = rope["rope_theta"]
+    check_fields(values, QWEN3_FIELD_RULES, source)
     if "head_dim" not in values:  # older configs leave it implicit
         values["head_dim"] = raw["hidden_size"] // raw["num_attention_heads"]
+        if not values["head_dim"]:
+            raise CheckpointError(f"{source}: hidden_size={raw['hidden_size']} is smaller than num_attention_heads="
+                                  f"{raw['num_attention_heads']} (and no head_dim is given)")
     if values["num_attention_heads"] % values["num_key_value_heads"]:
         raise CheckpointError(f"{source}: num_attention_heads={values['num_attention_heads']} is not a multiple "
                               f"of num_key_value_heads={values['num_key_value_heads']}")
@@ -114,13 +150,18 @@ def load_into(model: nn.Module, folder: Path, name_map: dict[str, str], device, 
     for file in dict.fromkeys(files.values()):  # each file opened once
         with open_safetensors(file) as handle:
             for name in [name for name, holder in files.items() if holder == file]:
-                stored = tuple(handle.get_slice(name).get_shape())
+                stored, kind = tuple(handle.get_slice(name).get_shape()), handle.get_slice(name).get_dtype()
                 needed = tuple(model.get_parameter(name_map[name]).shape)
                 if stored != needed:
                     raise CheckpointError(f"{file}: tensor {name!r} has shape {stored}, the config needs {needed}")
+                if kind not in FLOAT_DTYPES:  # an integer tensor cast to weights would be nonsense, silently
+                    raise CheckpointError(f"{file}: tensor {name!r} is stored as {kind}, not as floating point")
                 owner, _, leaf = name_map[name].rpartition(".")  # the meta parameter is replaced, not copied into
                 tensor = handle.get_tensor(name).to(device=device, dtype=dtype)
                 model.get_submodule(owner)._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
+
+
+FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"})  # safetensors' names
 
 
 def checkpoint_folder(path, what: str) -> Path:
@@ -161,12 +202,32 @@ def write_json_atomically(target: Path, data) -> None:
 
 
 def write_atomically(target: Path, write: Callable[[str], None]) -> None:
-    """Call `write(temp_path)` next to `target`, then rename over it: a crash never leaves half a file."""
+    """Call `write(temp_path)` next to `target`, then rename over it: a crash never leaves half a file. The data
+    reaches the disk (fsync) before the rename, and the rename before we return: a power cut keeps one whole file."""
     handle, tmp = tempfile.mkstemp(dir=target.parent, prefix=target.name, suffix=".tmp")
     os.close(handle)
     try:
         write(tmp)
         os.chmod(tmp, 0o644)  # mkstemp makes owner-only files; checkpoints are meant to be shared
+        sync_to_disk(tmp)
         os.replace(tmp, target)
+        sync_to_disk(target.parent)  # the folder's entry: the rename itself
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+def sync_to_disk(path) -> None:
+    """Wait until a file's data (or a folder's entries) is on the disk, not only in the page cache."""
+    handle = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(handle)
+    finally:
+        os.close(handle)
+
+
+def remove_partial_writes(folder: Path, names) -> list[Path]:
+    """Delete what `write_atomically` leaves of `names` when killed mid-write (`NAME<random>.tmp`); return them."""
+    leftovers = [path for name in names for path in Path(folder).glob(f"{name}*.tmp") if path.is_file()]
+    for path in leftovers:
+        path.unlink()
+    return leftovers

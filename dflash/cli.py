@@ -4,6 +4,8 @@ with one `error: ...` line and exit status 2; anything else is a bug and keeps i
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -27,8 +29,12 @@ class OneLineErrors(argparse.ArgumentParser):
 
 
 def run_cli(parser: argparse.ArgumentParser, run: Callable[..., int], argv: Sequence[str] | None = None) -> int:
-    """Parse, run, and turn every user error into one `error:` line and exit status 2."""
-    args = parser.parse_args(argv)
+    """Parse, run, and turn every user error into one `error:` line and exit status 2 (returned, also for what the
+    parser refuses, so that a caller in the same process gets the status as a shell would)."""
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit:  # `OneLineErrors.error` (2), or --help (0)
+        return exit.code
     try:
         return run(args)
     except (UsageError, CheckpointError, TokenizerError) as err:  # what a user can fix
@@ -74,7 +80,9 @@ def checked(kind: type, rule: str, ok: Callable) -> Callable[[str], object]:
     return parse
 
 
-positive_int, positive = checked(int, "positive", lambda x: x > 0), checked(float, "positive", lambda x: x > 0)
+positive_int = checked(int, "positive", lambda x: x > 0)
+positive = checked(float, "a finite number above 0", lambda x: 0 < x < math.inf)  # nan fails every comparison
+non_negative = checked(float, "a finite number >= 0", lambda x: 0 <= x < math.inf)  # a temperature, say
 
 
 class HelpWithDefaults(argparse.RawDescriptionHelpFormatter):
@@ -86,11 +94,25 @@ class HelpWithDefaults(argparse.RawDescriptionHelpFormatter):
 
 
 def int_list(text: str) -> list[int]:
-    """An option's `1,9,17` as [1, 9, 17] (argparse `type=`, so a bad value is argparse's one-line error)."""
+    """An option's `1,9,17` as [1, 9, 17] (argparse `type=`, so a bad value is argparse's one-line error);
+    an empty piece (`1,,3`) is a typo, not a number to skip."""
     try:
-        return [int(piece) for piece in text.split(",") if piece.strip()]
+        return [int(piece) for piece in text.split(",")]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+
+
+def check_output(path: Path, option: str, folder: bool = False) -> None:
+    """Refuse, before any work, an output the program could only fail to write at the end: a file where a folder goes
+    or the reverse, or a place under a file or not writable. Missing folders are fine: the writer makes them."""
+    path = Path(path).absolute()
+    if path.exists() and path.is_dir() != folder:
+        raise UsageError(f"{option} {path}: {'not a folder' if folder else 'is a folder, not a file'}")
+    existing = next(parent for parent in path.parents if parent.exists())  # the root always does
+    if not existing.is_dir():
+        raise UsageError(f"{option} {path}: {existing} is a file, not a folder")
+    if not os.access(existing, os.W_OK):
+        raise UsageError(f"{option} {path}: cannot write in {existing}")
 
 
 def check_token_ids(ids: Sequence[int], vocab_size: int, where: str) -> None:

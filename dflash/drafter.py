@@ -8,6 +8,7 @@ inside the block. The embedding and LM head are the target's; checkpoints use th
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 import torch
@@ -27,6 +28,14 @@ def default_target_layer_ids(num_target_layers: int, num_drafter_layers: int) ->
     return [round(1 + i * span / (num_drafter_layers - 1)) for i in range(num_drafter_layers)]
 
 
+# The DFlash fields of a drafter's `config.json` (its layers' are Qwen3's), and what each must be.
+DRAFTER_FIELD_RULES = {
+    "block_size": checkpoint.POSITIVE_INTEGER, "num_target_layers": checkpoint.POSITIVE_INTEGER,
+    "dflash_config.mask_token_id": checkpoint.NON_NEGATIVE_INTEGER,
+    "dflash_config.target_layer_ids": ("a non-empty list of layer indices (integers >= 0)", lambda ids: (
+        isinstance(ids, list) and bool(ids) and all(checkpoint.NON_NEGATIVE_INTEGER[1](i) for i in ids)))}
+
+
 @dataclass
 class DrafterConfig:
     """A Qwen3 config for the drafter's own layers, plus what ties it to its target."""
@@ -40,12 +49,13 @@ class DrafterConfig:
     @classmethod
     def from_dict(cls, raw: dict, source: str = "config.json") -> "DrafterConfig":
         layers = Qwen3Config.from_dict(raw, source)
-        for name in ("block_size", "num_target_layers"):
-            if not isinstance(raw.get(name), int) or raw[name] < 1:
-                raise CheckpointError(f"{source}: {name} must be a positive integer, got {raw.get(name)!r}")
-        dflash = raw.get("dflash_config") or {}
-        if not isinstance(dflash.get("mask_token_id"), int):
-            raise CheckpointError(f"{source}: dflash_config.mask_token_id is missing")
+        dflash = raw.get("dflash_config", {})
+        if not isinstance(dflash, dict):
+            raise CheckpointError(f"{source}: dflash_config must be an object, got {json.dumps(dflash)}")
+        required = {"block_size": raw.get("block_size"), "num_target_layers": raw.get("num_target_layers"),
+                    "dflash_config.mask_token_id": dflash.get("mask_token_id")}
+        checkpoint.check_fields({**required, **{f"dflash_config.{name}": dflash[name] for name in dflash}},
+                                DRAFTER_FIELD_RULES, source)
         layer_ids = dflash.get("target_layer_ids") or default_target_layer_ids(
             raw["num_target_layers"], layers.num_hidden_layers)
         return cls(layers, raw["block_size"], raw["num_target_layers"], dflash["mask_token_id"], list(layer_ids))

@@ -52,14 +52,16 @@ def ratio(numerator: float | None, denominator: float | None) -> float | None:
     return None if numerator is None or not denominator else numerator / denominator
 
 
-def ideal_speedup(tau: float, t_decode: float, t_draft: float, t_verify: float) -> float | None:
-    """The plain loop pays t_decode per token; DFlash pays t_draft + t_verify per step of tau tokens."""
-    return None if None in (tau, t_decode, t_draft, t_verify) else ratio(tau * t_decode, t_draft + t_verify)
+def ideal_speedup(tokens_per_step: float, t_decode: float, t_draft: float, t_verify: float) -> float | None:
+    """The plain loop pays t_decode per token; DFlash pays t_draft + t_verify per step of `tokens_per_step` tokens."""
+    return (None if None in (tokens_per_step, t_decode, t_draft, t_verify)
+            else ratio(tokens_per_step * t_decode, t_draft + t_verify))
 
 
-def efficiency(speedup: float, tau: float, t_decode: float, t_draft: float, t_verify: float) -> float | None:
-    """Measured speedup / ideal speedup: the share of what tau promises that the loop delivers."""
-    return ratio(speedup, ideal_speedup(tau, t_decode, t_draft, t_verify))
+def efficiency(speedup: float, tokens_per_step: float, t_decode: float, t_draft: float,
+               t_verify: float) -> float | None:
+    """Measured speedup / ideal speedup: the share of what the accepted drafts promise that the loop delivers."""
+    return ratio(speedup, ideal_speedup(tokens_per_step, t_decode, t_draft, t_verify))
 
 
 def step_ms(per_step_ms: dict[str, float | None] | None) -> float | None:
@@ -185,6 +187,7 @@ def loop_figures(runs: Sequence[Run], block_size: int | None = None) -> dict:
     steps, after_first = sum(run.timed.steps for run in runs), pooled.seconds - pooled.first_token_seconds
     figures = {"prompts": len(runs), "new_tokens": pooled.new_tokens, "steps": pooled.steps, "accuracy": accuracy(runs),
                "tau": pooled.mean_acceptance if pooled.steps else None,
+               "tokens_per_step": ratio(pooled.new_tokens - len(runs), pooled.steps),  # the prefill's token: no step's
                "tokens_per_second": ratio(pooled.new_tokens, pooled.seconds),
                "first_token_ms": 1000 * pooled.first_token_seconds / len(runs),
                "time_per_output_token_ms": ratio(1000 * after_first, pooled.new_tokens - len(runs)),
@@ -208,7 +211,7 @@ def summarize_row(runs: Sequence[Run], baseline: Sequence[Run], temperature: flo
         fast = loop_figures([run for run, o in zip(runs, out) if not o], block_size)
         plain = loop_figures([run for run, o in zip(baseline, out) if not o])
         speedup = ratio(fast.get("tokens_per_second"), plain.get("tokens_per_second"))
-        costs = (fast.get("tau"), plain.get("per_step_ms", {}).get("decode"),
+        costs = (fast.get("tokens_per_step"), plain.get("per_step_ms", {}).get("decode"),
                  *map(fast.get("per_step_ms", {}).get, ("draft", "verify")))
         summary[half] = {**fast, "baseline": plain, "speedup": speedup, "ideal_speedup": ideal_speedup(*costs),
                          "efficiency": efficiency(speedup, *costs), "decode_speedup": ratio(

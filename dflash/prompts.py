@@ -32,6 +32,31 @@ class Prompt:
     ids: list[int] | None = None
     answer: str | None = None  # the expected final answer, when the file gives one (benchmarks check it)
 
+    def __post_init__(self):
+        """Refuse, naming `where`, what the tokenizer or the chat template could only fail on later."""
+        if self.text is not None:
+            check_text(self.text, self.where)
+            if not self.text.strip():
+                raise UsageError(f"{self.where}: the prompt is empty (or only whitespace)")
+        for index, message in enumerate(self.messages or []):
+            if not isinstance(message, dict) or message.get("role") not in ROLES:
+                raise UsageError(f"{self.where}: message {index} needs a 'role' of {', '.join(ROLES)}")
+            if not isinstance(message.get("content"), str):
+                raise UsageError(f"{self.where}: message {index} needs a 'content' string")
+            check_text(message["content"], f"{self.where}: message {index}")
+
+
+ROLES = ("system", "user", "assistant")  # what the chat template renders (`apply_qwen3_chat_template`)
+
+
+def check_text(text: str, where: str) -> None:
+    """Text a tokenizer can encode: a lone surrogate (a JSON "\\ud800", or bytes that are not UTF-8 on a command
+    line, which Python keeps as surrogates) cannot be."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        raise UsageError(f"{where}: the text is not valid UTF-8 ({err.reason} at character {err.start})") from None
+
 
 def parse_prompt(record, where: str) -> Prompt:
     """One line of a prompt file, checked against PROMPT_FORMAT."""
@@ -56,9 +81,10 @@ def read_prompts(path: Path) -> list[Prompt]:
 
 def add_prompt_options(parser: argparse.ArgumentParser) -> None:
     """How text prompts are rendered, the same options in every program."""
-    parser.add_argument("--chat", action="store_true", default=None,
+    either = parser.add_mutually_exclusive_group()  # the last one winning would hide a mistake
+    either.add_argument("--chat", action="store_true", default=None,
                         help="wrap text prompts in the chat template (default: when the tokenizer has one)")
-    parser.add_argument("--raw", dest="chat", action="store_false", help="feed text prompts as they are")
+    either.add_argument("--raw", dest="chat", action="store_false", help="feed text prompts as they are")
     parser.add_argument("--thinking", action="store_true", help="render chat prompts with thinking on")
     parser.add_argument("--no-token-healing", dest="token_healing", action="store_false",
                         help="keep a raw prompt's last token even when it ends mid-token (a trailing newline or space)")

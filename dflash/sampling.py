@@ -4,14 +4,15 @@ every official Qwen3 `generation_config.json` asks (temperature, top-k, top-p), 
 from __future__ import annotations
 
 import argparse
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from dflash.checkpoint import read_json
-from dflash.cli import UsageError
+from dflash.checkpoint import BOOLEAN, NON_NEGATIVE_INTEGER, check_fields, is_number, read_json
+from dflash.cli import UsageError, non_negative
 from dflash.qwen3 import argmax
 
 
@@ -25,8 +26,8 @@ class Sampling:
     min_p: float = 0.0  # keep the tokens at least min_p times as likely as the likeliest
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise UsageError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < math.inf:  # nan fails every comparison
+            raise UsageError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise UsageError(f"top-k must be >= 0 (0: no limit), got {self.top_k}")
         if not 0 < self.top_p <= 1:
@@ -137,7 +138,7 @@ def sampled_slots(policy: str, block_size: int, sampling: Sampling) -> int:
 
 def add_sampling_options(parser: argparse.ArgumentParser, draft_policy: bool = True) -> None:
     """How tokens are drawn, alike in generate.py, bench.py and make_data.py (which drafts nothing)."""
-    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default)")
+    parser.add_argument("--temperature", type=non_negative, default=0.0, help="0 = greedy (the default)")
     parser.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens only (0: all)")
     parser.add_argument("--top-p", type=float, default=1.0, help="sample among the likeliest tokens that sum to p")
     parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens under min-p times the top probability")
@@ -149,12 +150,31 @@ def add_sampling_options(parser: argparse.ArgumentParser, draft_policy: bool = T
                                  "from it, or sample the first K slots")
 
 
+# The fields of `generation_config.json` that say how to sample, and what each must be.
+GENERATION_FIELD_RULES = {
+    "do_sample": BOOLEAN, "top_k": NON_NEGATIVE_INTEGER,
+    "temperature": ("a finite number >= 0", lambda value: is_number(value) and value >= 0),
+    "top_p": ("a number in (0, 1]", lambda value: is_number(value) and 0 < value <= 1),
+    "min_p": ("a number in [0, 1]", lambda value: is_number(value) and 0 <= value <= 1)}
+
+
+def generation_config(model: Path) -> dict:
+    """The sampling fields of a checkpoint's `generation_config.json`, checked; a null field counts as unset."""
+    path = Path(model) / "generation_config.json"
+    config = read_json(path, UsageError)
+    if not isinstance(config, dict):
+        raise UsageError(f"{path}: expected a JSON object")
+    fields = {name: config[name] for name in GENERATION_FIELD_RULES if config.get(name) is not None}
+    check_fields(fields, GENERATION_FIELD_RULES, path, UsageError)
+    return fields
+
+
 def sampling_of(args, model: Path) -> Sampling:
     """The `Sampling` the options ask for; `--sample-from-config` reads what the checkpoint recommends."""
     if not args.sample_from_config:
         return Sampling(args.temperature, args.top_k, args.top_p, args.min_p)
-    config = read_json(Path(model) / "generation_config.json", UsageError)
+    config = generation_config(model)
     if not config.get("do_sample", False):
         return Sampling()
-    return Sampling(config.get("temperature", 1.0), config.get("top_k", 0) or 0, config.get("top_p", 1.0),
-                    config.get("min_p", 0.0) or 0.0)
+    return Sampling(config.get("temperature", 1.0), config.get("top_k", 0), config.get("top_p", 1.0),
+                    config.get("min_p", 0.0))

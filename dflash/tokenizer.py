@@ -64,6 +64,9 @@ def apply_qwen3_chat_template(messages: Sequence[Mapping[str, str]], add_generat
     Qwen3 was trained to see reasoning only in the turn it is working on: earlier replies lose their `<think>`."""
     if not messages:
         raise TokenizerError("apply_chat_template: the message list is empty")
+    for index, message in enumerate(messages):
+        if not isinstance(message, Mapping) or not isinstance(message.get("content") or "", str):
+            raise TokenizerError(f"apply_chat_template: message {index} needs a 'content' string")
     last_query = index_of_last_user_query(messages)
     pieces = []
     for index, message in enumerate(messages):
@@ -106,6 +109,11 @@ class Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         """Token ids, none added; special tokens written out become their ids, as the model saw its chat template."""
+        try:
+            text.encode("utf-8")  # the Rust tokenizer takes UTF-8 only: a lone surrogate would be a TypeError
+        except UnicodeEncodeError as err:
+            raise TokenizerError(f"cannot encode text that is not valid UTF-8 ({err.reason} at character "
+                                 f"{err.start})") from None
         return self.raw.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = False) -> str:

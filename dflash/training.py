@@ -3,7 +3,6 @@ Qwen3's initialisation, a place in a torchrun job, DDP or FSDP2, an exact resume
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
@@ -18,8 +17,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dflash.checkpoint import write_atomically
-from dflash.cli import UsageError, pick_device
+from dflash.checkpoint import parse_json, read_text, remove_partial_writes, write_atomically
+from dflash.cli import UsageError, check_output, pick_device
 
 
 @dataclass
@@ -158,15 +157,18 @@ def restore_snapshot(state: dict, model: nn.Module, optimizer, scheduler, place:
 
 
 def prepare_run_folder(out: Path, resume: bool, force: bool, outputs: tuple[str, ...]) -> None:
-    """Refuse to mix a new run into an old one by accident; with --force, remove the old run's `outputs`."""
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"{out}: exists and is not a folder")
+    """Refuse to mix a new run into an old one by accident, or to resume what is not there; with --force, remove the
+    old run's `outputs`. What a kill during a save left of them (`write_atomically`'s temporary files) goes."""
+    check_output(out, "--out", folder=True)
+    if resume and not out.is_dir():
+        raise UsageError(f"{out}: nothing to resume (no such folder)")
     if out.exists() and any(out.iterdir()) and not (resume or force):
         raise UsageError(f"{out}: exists and is not empty (use --resume to continue or --force to overwrite)")
     if force and not resume:
         for name in outputs:
             (out / name).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
+    remove_partial_writes(out, outputs)
 
 
 def save_training_state(path: Path, state: dict) -> None:
@@ -192,10 +194,21 @@ def refuse_changes(saved: dict, now: dict, what: str, may_change: tuple[str, ...
 
 
 def forget_log_after(log: Path, step: int) -> None:
-    """Drop a JSONL log's lines of steps after the checkpoint a resume starts from: they are about to be redone."""
+    """Drop a JSONL log's lines of steps after the checkpoint a resume starts from: they are about to be redone.
+    A last line without its newline is what a kill during an append leaves: it goes too."""
     if log.is_file():
-        kept = [line for line in log.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+        text = read_text(log, UsageError, "training log")
+        lines = text[: text.rfind("\n") + 1].splitlines()  # whole lines only
+        kept = [line for number, line in enumerate(lines, start=1)
+                if line and logged_step(parse_json(line, f"{log}:{number}", UsageError), f"{log}:{number}") <= step]
         write_atomically(log, lambda tmp: Path(tmp).write_text("".join(line + "\n" for line in kept)))
+
+
+def logged_step(record, where: str) -> int:
+    """The step a training log record is about."""
+    if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+        raise UsageError(f"{where}: no integer 'step' (not a line of train.py's log)")
+    return record["step"]
 
 
 @contextmanager
@@ -217,12 +230,15 @@ def stop_on_signals() -> Iterator[types.SimpleNamespace]:
             signal.signal(signum, handler)
 
 
-def optimizer_step(loss: torch.Tensor, model: nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float) -> None:
-    """Backward, clip the gradient norm, update, and clear the gradients for the next step."""
+def optimizer_step(loss: torch.Tensor, model: nn.Module, optimizer: torch.optim.Optimizer,
+                   grad_clip: float) -> torch.Tensor:
+    """Backward, clip the gradient norm, update, and clear the gradients for the next step; return the norm before
+    clipping (a 0-d tensor, not synchronised: the caller decides when to look)."""
     loss.backward()
-    nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    norm = nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a DTensor, the same on every rank
 
 
 def estimated_tau(correct: torch.Tensor, counted: torch.Tensor) -> float:

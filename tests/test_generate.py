@@ -226,9 +226,11 @@ def test_printing_time_is_reported_apart(sharded_pair):
     target, drafter = sharded_pair
     prompt = prompt_of(5, target.config.vocab_size)
     slow_printer = lambda token, drafted: time.sleep(0.05)  # noqa: E731
+    began = time.perf_counter()
     result = generate_dflash(target, drafter, prompt, 10, block_size=4, on_token=slow_printer)
-    assert result.callback_seconds >= 0.5
-    assert result.seconds < result.callback_seconds  # ten 50 ms sleeps are not in the measured time
+    wall = time.perf_counter() - began
+    assert result.callback_seconds >= 0.5  # ten sleeps of 50 ms: a sleep never ends early
+    assert result.seconds <= wall - result.callback_seconds  # they are not in the measured time, however busy the CPU
 
 
 def test_argmax_picks_the_first_maximum_as_tensor_argmax_does():

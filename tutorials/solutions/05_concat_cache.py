@@ -91,7 +91,9 @@ concat_small, concat_large = results["concat", 256][0], results["concat", 4096][
 print(f"from 256 to 4096 tokens the concatenating step grew {concat_large / concat_small:.1f}x, the static one "
       f"{static_large / static_small:.1f}x; at 4096 tokens the concatenating step costs "
       f"{concat_large / static_large:.0f}x the static one")
-assert concat_large > 3 * concat_small, "the concatenating step grows with the cache (it copies it)"
-assert concat_large > 5 * static_large, "at a long context the copy dwarfs the static write"
+# Timings are printed, not asserted (on a busy machine they may come out otherwise); where the keys live is not.
+grows, dwarfs = concat_large > 3 * concat_small, concat_large > 5 * static_large
+print(f"the concatenating step grows with the cache (it copies it): {'yes' if grows else 'not on this run'}; "
+      f"at a long context the copy dwarfs the static write: {'yes' if dwarfs else 'not on this run'}")
 assert results["static", 4096][1] == 1 and results["concat", 4096][1] > 1, "static buffers stay put; appends move"
 print("checks passed")
