@@ -101,9 +101,10 @@ def open_safetensors(file: Path):
 
 
 def load_into(model: nn.Module, folder: Path, name_map: dict[str, str], device, dtype: torch.dtype,
-              skip: frozenset[str] = frozenset()) -> None:
+              skip: frozenset[str] = frozenset(), trainable: bool = False) -> None:
     """Fill a `meta`-device `model` tensor by tensor; `name_map`: official name -> parameter it fills. `skip`
-    names tensors stored but unused; any other unknown, missing or misshapen tensor stops the load."""
+    names tensors stored but unused; any other unknown, missing or misshapen tensor stops the load. The parameters
+    are frozen unless `trainable` (a model fine-tuned from its checkpoint)."""
     files = {name: file for name, file in checkpoint_files(folder).items() if name not in skip}
     unexpected = sorted(set(files) - set(name_map))
     if unexpected:
@@ -120,7 +121,7 @@ def load_into(model: nn.Module, folder: Path, name_map: dict[str, str], device, 
                     raise CheckpointError(f"{file}: tensor {name!r} has shape {stored}, the config needs {needed}")
                 owner, _, leaf = name_map[name].rpartition(".")  # the meta parameter is replaced, not copied into
                 tensor = handle.get_tensor(name).to(device=device, dtype=dtype)
-                model.get_submodule(owner)._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
+                model.get_submodule(owner)._parameters[leaf] = nn.Parameter(tensor, requires_grad=trainable)
 
 
 def checkpoint_folder(path, what: str) -> Path:
@@ -132,13 +133,13 @@ def checkpoint_folder(path, what: str) -> Path:
 
 
 def load_pretrained(cls, config, folder: Path, names: Callable[[nn.Module], dict[str, str]] | None, device,
-                    dtype: torch.dtype, skip: frozenset[str] = frozenset()):
+                    dtype: torch.dtype, skip: frozenset[str] = frozenset(), trainable: bool = False):
     """`cls(config)` built on the `meta` device, so an 8B model never exists twice in memory, filled from `folder`
     (`names(model)`: the name map; None: ours). RoPE's frequencies are not stored: recomputed in float32 on `device`."""
     with torch.device("meta"):
         model = cls(config)
     name_map = names(model) if names is not None else {name: name for name, _ in model.named_parameters()}
-    load_into(model, folder, name_map, device, dtype, skip)
+    load_into(model, folder, name_map, device, dtype, skip, trainable)
     model.rotary.inv_freq = model.rotary.inverse_frequencies(device)
     return model.eval()
 

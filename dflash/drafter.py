@@ -125,13 +125,15 @@ class Drafter(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path, target: Qwen3 | None = None, device="cpu",
-                        dtype: torch.dtype = torch.float32) -> "Drafter":
-        """Load a drafter in the authors' layout; with `target`, check first that it fits."""
+                        dtype: torch.dtype = torch.float32, trainable: bool = False) -> "Drafter":
+        """Load a drafter in the authors' layout; with `target`, check first that it fits. Frozen, unless
+        `trainable`: a drafter fine-tuned from a released one (`train.py --init-from`)."""
         path = checkpoint.checkpoint_folder(path, "drafter checkpoint")
         config = DrafterConfig.from_dict(checkpoint.read_json(path / "config.json"), str(path / "config.json"))
         if target is not None:
             check_fits(config, target.config, str(path))
-        return checkpoint.load_pretrained(cls, config, path, None, device, dtype)  # the released names are ours
+        return checkpoint.load_pretrained(cls, config, path, None, device, dtype,  # the released names are ours
+                                          trainable=trainable)
 
     def save_pretrained(self, path, dtype: torch.dtype | None = None) -> None:
         """Write the authors' layout (`config.json` + `model.safetensors`), atomically."""
