@@ -51,8 +51,11 @@ def qwen3_fields(raw: dict, source: str, names: list[str]) -> dict:
     for field in ("rope_scaling", "use_sliding_window"):
         if raw.get(field):
             raise CheckpointError(f"{source}: {field}={raw[field]!r} is not supported")
-    if any(kind != "full_attention" for kind in raw.get("layer_types") or []):
-        raise CheckpointError(f"{source}: layer_types other than 'full_attention' are not supported")
+    others = {index: kind for index, kind in enumerate(raw.get("layer_types") or []) if kind != "full_attention"}
+    if others:  # sliding-window layers, as some newer drafters are written, would attend to what they must not see
+        kinds = " and ".join(repr(kind) for kind in dict.fromkeys(others.values()))
+        raise CheckpointError(f"{source}: layer_types: layer(s) {', '.join(map(str, others))} are {kinds}; only "
+                              f"'full_attention' is supported")
     missing = [name for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                  "num_attention_heads", "num_key_value_heads") if name not in raw]
     if missing:

@@ -40,21 +40,38 @@ class DrafterConfig:
     @classmethod
     def from_dict(cls, raw: dict, source: str = "config.json") -> "DrafterConfig":
         layers = Qwen3Config.from_dict(raw, source)
-        for name in ("block_size", "num_target_layers"):
-            if not isinstance(raw.get(name), int) or raw[name] < 1:
-                raise CheckpointError(f"{source}: {name} must be a positive integer, got {raw.get(name)!r}")
         dflash = raw.get("dflash_config") or {}
+        block_size = block_size_of(raw, dflash, source)
+        if not isinstance(raw.get("num_target_layers"), int) or raw["num_target_layers"] < 1:
+            raise CheckpointError(f"{source}: num_target_layers must be a positive integer, "
+                                  f"got {raw.get('num_target_layers')!r}")
         if not isinstance(dflash.get("mask_token_id"), int):
             raise CheckpointError(f"{source}: dflash_config.mask_token_id is missing")
         layer_ids = dflash.get("target_layer_ids") or default_target_layer_ids(
             raw["num_target_layers"], layers.num_hidden_layers)
-        return cls(layers, raw["block_size"], raw["num_target_layers"], dflash["mask_token_id"], list(layer_ids))
+        return cls(layers, block_size, raw["num_target_layers"], dflash["mask_token_id"], list(layer_ids))
 
     def to_dict(self) -> dict:
         """The authors' `config.json`: Qwen3 fields plus the DFlash ones."""
         dflash = {"mask_token_id": self.mask_token_id, "target_layer_ids": self.target_layer_ids}
         return {**self.layers.to_dict(), "architectures": ["DFlashDraftModel"], "block_size": self.block_size,
                 "num_target_layers": self.num_target_layers, "dflash_config": dflash}
+
+
+def block_size_of(raw: dict, dflash: dict, source: str) -> int:
+    """The block size: at the top level, as the first releases write it, or in `dflash_config`, as newer ones do."""
+    found = {name: value for name, value in (("block_size", raw.get("block_size")),
+                                              ("dflash_config.block_size", dflash.get("block_size")))
+             if value is not None}
+    if not found:
+        raise CheckpointError(f"{source}: block_size is missing (neither at the top level nor in dflash_config)")
+    if len(set(found.values())) > 1:
+        raise CheckpointError(f"{source}: block_size={raw['block_size']!r} and dflash_config.block_size="
+                              f"{dflash['block_size']!r} disagree")
+    name, value = next(iter(found.items()))
+    if not isinstance(value, int) or value < 1:
+        raise CheckpointError(f"{source}: {name} must be a positive integer, got {value!r}")
+    return value
 
 
 class DrafterLayer(DecoderLayer):
