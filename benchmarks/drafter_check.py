@@ -195,9 +195,19 @@ def check_drafter(target: Qwen3, drafter: Drafter, prompts: Sequence[tuple[list[
     conventions = conventions_to_try(drafter, target.config.num_hidden_layers, mask_tokens)
     sequences = [(ids + generation.new_ids, len(ids)) for (ids, _), generation in zip(prompts, generations)]
     scores = teacher_forced(target, drafter, sequences, conventions)
-    fits = which_convention_fits(conventions, scores)
-    return Report(sum(lengths) / max(len(lengths), 1), per_position_acceptance(lengths, drafter.config.block_size),
-                  claimed, scores, fits.name, fits.diagnosis)
+    fits, tau = which_convention_fits(conventions, scores), sum(lengths) / max(len(lengths), 1)
+    return Report(tau, per_position_acceptance(lengths, drafter.config.block_size), claimed, scores, fits.name,
+                  fits.diagnosis + domain_gap(tau, claimed, fits is conventions[0]))
+
+
+def domain_gap(served_tau: float, claimed: dict | None, fits_its_config: bool) -> str:
+    """When the conventions are right, the other reason for a low tau: prompts unlike the drafter's training data."""
+    claimed_tau = (claimed or {}).get("eval_tau")
+    if not fits_its_config or claimed_tau is None or served_tau >= 0.8 * claimed_tau:
+        return ""
+    return (f"; but it accepts {served_tau:.2f} here against {claimed_tau:.2f} on its training run's held-out "
+            f"prompts: these prompts are unlike its training data (another mode or domain); fine-tune it on the "
+            f"target's answers to prompts like these (docs/training.md)")
 
 
 def print_report(report: Report) -> None:

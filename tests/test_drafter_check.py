@@ -51,6 +51,14 @@ def test_the_shipped_drafter_fits_its_config(served):
     assert report.scores["as configured"].tau > report.scores["labels +1 slot"].tau
 
 
+def test_prompts_unlike_the_training_data_are_told_apart_from_a_convention_error(served):
+    target, tokenizer, _ = served
+    hand_written = [encode_for_generation(prompt, tokenizer) for prompt in read_prompts(ROOT / "weights" /
+                                                                                          "handwritten_problems.jsonl")]
+    report = check((target, tokenizer, hand_written[:6]), DRAFTER)
+    assert report.fits == "as configured" and "unlike its training data" in report.verdict, report
+
+
 @pytest.mark.parametrize("layer_ids, fits, named", [
     ([2, 6], "target layer ids -1", "[1, 5]"),
     ([0, 4], "target layer ids +1", "[1, 5]"),
