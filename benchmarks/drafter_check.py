@@ -111,37 +111,45 @@ class Score:
     tau_estimate: float  # train.py's estimate from the slot accuracies, to set beside the log's
 
 
+def drafts_at_every_anchor(target: Qwen3, drafter: Drafter, input_ids: torch.Tensor, by_layer: torch.Tensor,
+                           anchors: torch.Tensor, convention: Convention) -> torch.Tensor:
+    """The drafter's guesses (K, B) for a block at each anchor a, fed under `convention` as train.py feeds it: the
+    features of its layers before a, [x_a, MASK, ...] at a..a+B-1, every block in one pass."""
+    block, length, device = drafter.config.block_size, input_ids.shape[1], input_ids.device
+    features = by_layer[:, :, list(convention.layer_ids)].flatten(2)  # (1, S, layers, hidden) -> (1, S, layers * hidden)
+    block_ids = torch.full((len(anchors), block), convention.mask_token_id, device=device)  # (K, B)
+    block_ids[:, 0] = input_ids[0, anchors]
+    positions = (anchors[:, None] + torch.arange(block, device=device)).flatten()[None]  # (K, B) -> (1, K*B)
+    pattern = AnchoredBlocks(anchors[None], length, block)
+    hidden = drafter(features, target.embed_tokens(block_ids.flatten()[None]),  # (1, K*B, hidden)
+                     torch.arange(length, device=device), positions, pattern=pattern)
+    return target.logits(hidden).argmax(-1).view(len(anchors), block)  # (1, K*B) -> (K, B)
+
+
 @torch.no_grad()
 def teacher_forced(target: Qwen3, drafter: Drafter, sequences: Sequence[tuple[list[int], int]],
                    conventions: Sequence[Convention]) -> dict[str, Score]:
-    """Draft a block at every answer position a of every (ids, prompt length) under each convention, as train.py
-    does (context before a, [x_a, MASK, ...] at a..a+B-1, all blocks in one pass), and score it."""
-    block = drafter.config.block_size
-    layers = sorted({layer for convention in conventions for layer in convention.layer_ids})
-    device = target.embed_tokens.weight.device
+    """Draft at every answer position of every (ids, prompt length) under each convention; score slot k against
+    x_(a+k+label_shift): the run of right drafts before the first miss, and each slot's hits."""
+    block, device = drafter.config.block_size, target.embed_tokens.weight.device
     runs = dict.fromkeys((c.name for c in conventions), 0)  # right drafts before the first miss, summed over anchors
     hits = {c.name: torch.zeros(block, device=device) for c in conventions}  # (B,) right drafts per slot
     counts = {c.name: torch.zeros(block, device=device) for c in conventions}  # (B,) scored drafts per slot
+    every_layer = list(range(target.config.num_hidden_layers))
     for ids, prompt_length in sequences:
         length = len(ids)
         anchors = torch.arange(prompt_length, length - 1, device=device)  # (K,): the first is the prefill's token
         if not len(anchors):
             continue
         input_ids = torch.tensor([ids], device=device)  # (1, S)
-        _, captured = target(input_ids, capture_layers=layers, last_layer=max(layers))  # (1, S, len(layers) * hidden)
-        by_layer = captured.unflatten(-1, (len(layers), -1))  # (1, S, len(layers), hidden)
-        positions = (anchors[:, None] + torch.arange(block, device=device)).flatten()[None]  # (1, K*B)
-        pattern = AnchoredBlocks(anchors[None], length, block)
+        used = max(layer for c in conventions for layer in c.layer_ids)
+        _, captured = target(input_ids, capture_layers=every_layer[:used + 1], last_layer=used)  # (1, S, L' * hidden)
+        by_layer = captured.unflatten(-1, (used + 1, -1))  # (1, S, L', hidden): layer l's output at [:, :, l]
+        slots = anchors[:, None] + torch.arange(block, device=device)  # (K, B): the positions the block occupies
         for convention in conventions:
-            columns = [layers.index(layer) for layer in convention.layer_ids]
-            features = by_layer[:, :, columns].flatten(2)  # (1, S, layers used * hidden)
-            block_ids = torch.full((len(anchors), block), convention.mask_token_id, device=device)  # (K, B)
-            block_ids[:, 0] = input_ids[0, anchors]
-            hidden = drafter(features, target.embed_tokens(block_ids.flatten()[None]),  # (1, K*B, hidden)
-                             torch.arange(length, device=device), positions, pattern=pattern)
-            guesses = target.logits(hidden).argmax(-1).view(len(anchors), block)  # (1, K*B) -> (K, B)
-            wanted_at = positions.view(len(anchors), block) + convention.label_shift  # (K, B)
-            scored = (wanted_at < length) & (wanted_at >= 0)
+            guesses = drafts_at_every_anchor(target, drafter, input_ids, by_layer, anchors, convention)  # (K, B)
+            wanted_at = slots + convention.label_shift  # (K, B)
+            scored = (wanted_at >= 0) & (wanted_at < length)
             scored[:, 0] = False  # slot 0 is the known token
             right = scored & (guesses == input_ids[0, wanted_at.clamp(0, length - 1)])  # (K, B)
             runs[convention.name] += right[:, 1:].int().cumprod(dim=1).sum().item()  # (K, B-1) -> runs summed
@@ -253,7 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def run(args) -> int:
     device = pick_device(args.device)
-    target = Qwen3.from_pretrained(args.model, device=device, dtype=pick_dtype(args.dtype, device)).requires_grad_(False)
+    target = Qwen3.from_pretrained(args.model, device=device, dtype=pick_dtype(args.dtype, device))
     drafter = Drafter.from_pretrained(args.draft, target, device=device, dtype=target.embed_tokens.weight.dtype)
     tokenizer = find_tokenizer(Path(args.model))
     prompts = [encode_for_generation(prompt, tokenizer, args.chat, args.thinking, args.token_healing)

@@ -1,4 +1,4 @@
-"""benchmarks/drafter_check.py names the convention error of drafters made wrong on purpose, and none for the shipped one.
+"""benchmarks/drafter_check.py names the convention error of drafters made wrong on purpose, none for the shipped one.
 
 Each broken drafter is the shipped demo drafter, broken the way the bug reports describe: its config saved with the
 target layer ids one off, or with the pad token <|endoftext|> as its mask token (the weights untouched: served, it
