@@ -12,7 +12,7 @@ import make_data
 import train
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
-from tests.test_train import one_error_line
+from tests.test_train import one_error_line, write_data
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET, DRAFTER = ROOT / "weights" / "tiny-qwen3", ROOT / "weights" / "tiny-qwen3-dflash"
@@ -114,3 +114,18 @@ def test_a_drafter_for_another_target_is_refused_by_name(tmp_path, capsys, answe
 def test_an_option_that_would_reshape_the_drafter_is_refused(tmp_path, capsys, answers, option, value, named):
     assert named in one_error_line(capsys, fine_tune_argv(answers, tmp_path / "out", option, value))
     assert train.main(fine_tune_argv(answers, tmp_path / "same", "--block-size", "16", steps=1)) == 0  # its own: fine
+
+
+def test_a_drafter_in_the_authors_layout_fine_tunes(tmp_path):
+    """The fixture drafter was written in the authors' released layout (bfloat16); it trains in float32."""
+    data = tmp_path / "data.jsonl"
+    write_data(data)
+    fixtures = ROOT / "tests" / "fixtures"
+    argv = ["--target", str(fixtures / "qwen3-tiny-sharded"), "--init-from", str(fixtures / "dflash-tiny"),
+            "--data", str(data), "--out", str(tmp_path / "out"), "--num-anchors", "4", "--batch-size", "3",
+            "--steps", "2", "--device", "cpu"]
+    assert train.main(argv) == 0
+    before, after = load_file(fixtures / "dflash-tiny" / "model.safetensors"), load_file(tmp_path / "out" /
+                                                                                         "model.safetensors")
+    assert all(after[name].dtype == torch.float32 for name in after)
+    assert not all(torch.equal(before[name].float(), after[name]) for name in before)
