@@ -11,6 +11,10 @@ target's answers to them and then measured on the 20 hand-written ones, which ar
 is one of their sentences, and a problem whose question equals one of theirs is dropped.
 
 Each line: {"messages": [one user turn], "kind", "answer"}, the format of the shipped prompt sets.
+
+`--replay` writes instead the first questions the demo drafter was trained on (`build_corpus.py`'s training
+questions, seed 0, without building the corpus): mixed into the fine-tuning data, the target's answers to them keep
+the drafter good at what it was made for.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import random
 from pathlib import Path
 
 from paths import WEIGHTS  # also puts the repository root on sys.path, for dflash
+from build_corpus import problems_of_split
+from problems import chat_messages
 from dflash.cli import OneLineErrors, UsageError, positive_int, run_cli
 
 PEOPLE = [("Grandpa", "he"), ("Aunt Rosa", "she"), ("Uncle Dev", "he"), ("Aunt Mei", "she"), ("Cousin Ali", "he"),
@@ -208,18 +214,26 @@ def everyday_problems(count: int, seed: int) -> list[dict]:
     return problems
 
 
+def original_questions(count: int) -> list[dict]:
+    """The first `count` of the demo drafter's training questions: build_corpus.py draws them first, with seed 0."""
+    return [{"messages": chat_messages(problem)[:1]} for problem in problems_of_split(count, False, random.Random(0))]
+
+
 def main(argv=None) -> int:
     parser = OneLineErrors(description="Write word problems in everyday words (the fine-tuning recipe's prompts).")
     parser.add_argument("--count", type=positive_int, default=400, help="problems to write")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="JSONL file to write")
+    parser.add_argument("--replay", action="store_true",
+                        help="write the demo drafter's first --count training questions instead (replay data)")
 
     def write(args) -> int:
         out = Path(args.out)
         if out.exists():
             raise UsageError(f"{out}: exists (remove it, or choose another --out)")
         out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text("".join(json.dumps(problem) + "\n" for problem in everyday_problems(args.count, args.seed)))
+        problems = original_questions(args.count) if args.replay else everyday_problems(args.count, args.seed)
+        out.write_text("".join(json.dumps(problem) + "\n" for problem in problems))
         print(f"{args.count} problems -> {out}")
         return 0
 
