@@ -77,11 +77,12 @@ def conventions_to_try(drafter: Drafter, num_target_layers: int, mask_tokens: Se
                 f"target layer ids off by one: the drafter was trained on the outputs of layers {list(shifted)}, "
                 f"its config says {list(ids)} (one side counts the embeddings as layer 0); set "
                 f"dflash_config.target_layer_ids to {list(shifted)}"))
-    for shift in (-1, +1):
+    for shift, how in ((-1, "each label taken one position early"), (+1, "a causal LM's label shift applied to a "
+                                                                          "block")):
         tried.append(Convention(
             f"labels {shift:+d} slot", ids, shift, mask,
-            f"labels shifted by {shift:+d} slot: slot k was trained to predict x_(a+k{shift:+d}), not x_(a+k) (a "
-            f"causal LM's label shift applied to a block); retrain with each slot labelled by its own position"))
+            f"labels shifted by {shift:+d} slot: slot k was trained to predict x_(a+k{shift:+d}), not x_(a+k) "
+            f"({how}); retrain with each slot labelled by its own position"))
     for other in mask_tokens:
         if other != mask:
             tried.append(Convention(
