@@ -38,6 +38,7 @@ from generate import check_no_mask_token, check_request, generate_dflash
 from make_data import collate, encode_prompts, load_sequences
 
 IGNORE = -100  # cross_entropy's ignore_index: this slot has no label
+DEFAULT_DRAFTER_LAYERS, DEFAULT_BLOCK_SIZE = 5, 16  # a new drafter's; --init-from takes the drafter's own
 # What --resume may change: when to stop, what to log and evaluate, where to run. The rest must be as saved.
 MAY_CHANGE_ON_RESUME = ("resume", "force", "minutes", "stop_at", "eval_prompts", "eval_every",
                         "eval_max_new_tokens", "save_every", "save_every_minutes", "log_every", "device")
@@ -137,7 +138,8 @@ def build_drafter_config(cfg: TrainConfig, target: Qwen3Config, tokenizer) -> Dr
     mask_token_id = cfg.mask_token_id if cfg.mask_token_id is not None else getattr(tokenizer, "mask_token_id", None)
     if mask_token_id is None:  # the first id past the tokenizer's, as the released drafters use; else the last row
         mask_token_id = min(getattr(tokenizer, "vocab_size", target.vocab_size), target.vocab_size - 1)
-    layers = replace(target, num_hidden_layers=cfg.drafter_layers, tie_word_embeddings=False, attention_bias=False,
+    depth = cfg.drafter_layers or DEFAULT_DRAFTER_LAYERS
+    layers = replace(target, num_hidden_layers=depth, tie_word_embeddings=False, attention_bias=False,
                      dtype="float32", intermediate_size=cfg.intermediate_size or target.intermediate_size,
                      num_attention_heads=cfg.num_heads or target.num_attention_heads,
                      num_key_value_heads=cfg.num_kv_heads or target.num_key_value_heads,
@@ -145,10 +147,34 @@ def build_drafter_config(cfg: TrainConfig, target: Qwen3Config, tokenizer) -> Dr
     if layers.num_attention_heads % layers.num_key_value_heads:
         raise UsageError(f"--num-heads {layers.num_attention_heads} is not a multiple of --num-kv-heads "
                          f"{layers.num_key_value_heads}")
-    layer_ids = cfg.target_layer_ids or default_target_layer_ids(target.num_hidden_layers, cfg.drafter_layers)
-    config = DrafterConfig(layers, cfg.block_size, target.num_hidden_layers, mask_token_id, list(layer_ids))
+    layer_ids = cfg.target_layer_ids or default_target_layer_ids(target.num_hidden_layers, depth)
+    config = DrafterConfig(layers, cfg.block_size or DEFAULT_BLOCK_SIZE, target.num_hidden_layers, mask_token_id,
+                           list(layer_ids))
     check_fits(config, target, "drafter")
     return config
+
+
+def shape_of(config: DrafterConfig) -> dict:
+    """The options that shape a drafter, as this drafter has them."""
+    layers = config.layers
+    return {"drafter_layers": layers.num_hidden_layers, "block_size": config.block_size,
+            "target_layer_ids": config.target_layer_ids, "mask_token_id": config.mask_token_id,
+            "intermediate_size": layers.intermediate_size, "num_heads": layers.num_attention_heads,
+            "num_kv_heads": layers.num_key_value_heads, "head_dim": layers.head_dim}
+
+
+def starting_drafter(cfg: TrainConfig, target: Qwen3, tokenizer) -> Drafter:
+    """A new drafter drawn at random, or, with --init-from, a trained one to fine-tune (in float32, trainable): its
+    shape is then the run's, so one made for another target, or an option that would reshape it, is refused."""
+    if not cfg.init_from:
+        return init_drafter(Drafter(build_drafter_config(cfg, target.config, tokenizer)), cfg.seed)
+    drafter = Drafter.from_pretrained(cfg.init_from, target, trainable=True)  # checks that it fits the target
+    for option, theirs in shape_of(drafter.config).items():
+        ours = getattr(cfg, option)
+        if ours is not None and ours != theirs:
+            raise UsageError(f"--{option.replace('_', '-')} {ours} does not fit the --init-from drafter's "
+                             f"{option} {theirs} (leave the option out: the drafter's shape is the run's)")
+    return drafter
 
 
 def evaluate_tau(target: Qwen3, drafter: Drafter, prompts: list[list[int]], max_new_tokens: int, block_size: int,
@@ -176,15 +202,15 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
     tokenizer_folder = Path(cfg.tokenizer or cfg.target)
     tokenizer = find_tokenizer(tokenizer_folder, required=cfg.tokenizer is not None)
     stop_ids = stop_token_ids(tokenizer_folder, tokenizer)
-    config = build_drafter_config(cfg, target.config, tokenizer)
+    drafter = starting_drafter(cfg, target, tokenizer)
+    config = drafter.config
     sequences = load_sequences(Path(cfg.data), cfg.max_seq_len, target.config.vocab_size)
     # This process's share of the held-out prompts, rendered (and healed) as make_data.py renders its own.
     prompts = encode_prompts(Path(cfg.eval_prompts), tokenizer, None, False, not cfg.no_token_healing,
                              target.config.vocab_size)[place.rank::place.world] if cfg.eval_prompts else []
-    drafter = init_drafter(Drafter(config), cfg.seed)
     for index, (ids, _) in enumerate(prompts):  # what the evaluation after training would refuse, refused now
         where = f"{cfg.eval_prompts}: prompt {place.rank + index * place.world + 1}"
-        check_request(target, drafter, ids, cfg.eval_max_new_tokens, block_size=cfg.block_size, where=where)
+        check_request(target, drafter, ids, cfg.eval_max_new_tokens, block_size=config.block_size, where=where)
         check_no_mask_token(drafter, ids, where)
     drafter.recompute_layers = not cfg.keep_activations
     model = wrap_for_training(drafter.to(device).train(), place, cfg.fsdp)
@@ -193,7 +219,7 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: cosine_with_warmup(step, total_steps, cfg.warmup))
     anchor_generator = torch.Generator().manual_seed(cfg.seed * 7919 + place.rank)
-    weights = slot_weights(cfg.block_size, cfg.gamma or gamma_for_block_size(cfg.block_size))
+    weights = slot_weights(config.block_size, cfg.gamma or gamma_for_block_size(config.block_size))
     run = {"target_config": asdict(target.config), "train_config": vars(cfg), "drafter_config": config.to_dict()}
     step, elapsed_before = 0, 0.0
     if cfg.resume:  # the same target, options and drafter (a default or the tokenizer may change the drafter too)
@@ -209,7 +235,7 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
             forget_log_after(log_path, step)
 
     began = last_save = time.perf_counter()
-    sums = torch.zeros(3, cfg.block_size, device=device)  # since the last log line: loss at [0, 0], hits, counts
+    sums = torch.zeros(3, config.block_size, device=device)  # since the last log line: loss at [0, 0], hits, counts
     last_step = min(total_steps, cfg.stop_at or total_steps)  # --stop-at ends this job early
     logged_at, tokens_seen, record, signaled, stopping = step, 0, {}, False, step >= last_step
     with stop_on_signals() as stop, tqdm(total=total_steps, initial=step, disable=not place.main, unit="step") as bar:
@@ -258,7 +284,7 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
                     save_training_state(state_path, {**state, **run, "step": step, "elapsed": elapsed_before + seconds})
             if evaluating:
                 totals = evaluate_tau(target, unwrap(model), [ids for ids, _ in prompts], cfg.eval_max_new_tokens,
-                                      cfg.block_size, stop_ids, [choices for _, choices in prompts])
+                                      config.block_size, stop_ids, [choices for _, choices in prompts])
                 tokens, verifications = place.sum(torch.tensor(totals, device=device)).tolist()
                 record["eval_tau"] = tokens / verifications if verifications else None
             if logging and place.main:
@@ -286,9 +312,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--data", required=True, help="JSONL written by make_data.py: input_ids and loss_mask per line")
     add("--out", required=True, help="folder for the drafter, training_state.pt and train_log.jsonl")
     add("--tokenizer", help="tokenizer folder (default: the target's, if it has one)")
-    add("--drafter-layers", type=positive_int, default=5, help="decoder layers of the drafter")
-    add("--block-size", type=checked(int, "at least 2", lambda x: x >= 2), default=16,
-        help="B, tokens per block: slot 0 is the known token, slots 1..B-1 are guessed")
+    add("--init-from", help="fine-tune this trained drafter (ours or the authors' layout) instead of drawing a new "
+                            "one: its shape (layers, block size, target layers, mask token) is the run's")
+    add("--drafter-layers", type=positive_int,
+        help=f"decoder layers of the drafter (default: {DEFAULT_DRAFTER_LAYERS})")
+    add("--block-size", type=checked(int, "at least 2", lambda x: x >= 2),
+        help=f"B, tokens per block: slot 0 is the known token, slots 1..B-1 guessed (default: {DEFAULT_BLOCK_SIZE})")
     add("--target-layer-ids", type=int_list,
         help="target layers whose outputs feed the drafter, e.g. 1,9,17,25,33 (default: spread over the target)")
     add("--mask-token-id", type=int, help="the unknown slots' token (default: <|mask|>, else len(tokenizer))")

@@ -83,8 +83,11 @@ def qwen3_fields(raw: dict, source: str, names: list[str]) -> dict:
     for field in ("rope_scaling", "use_sliding_window"):
         if raw.get(field):
             raise CheckpointError(f"{source}: {field}={raw[field]!r} is not supported")
-    if any(kind != "full_attention" for kind in raw.get("layer_types") or []):
-        raise CheckpointError(f"{source}: layer_types other than 'full_attention' are not supported")
+    others = {index: kind for index, kind in enumerate(raw.get("layer_types") or []) if kind != "full_attention"}
+    if others:  # sliding-window layers, as some newer drafters are written, would attend to what they must not see
+        kinds = " and ".join(repr(kind) for kind in dict.fromkeys(others.values()))
+        raise CheckpointError(f"{source}: layer_types: layer(s) {', '.join(map(str, others))} are {kinds}; only "
+                              f"'full_attention' is supported")
     missing = [name for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                  "num_attention_heads", "num_key_value_heads") if name not in raw]
     if missing:
@@ -137,9 +140,10 @@ def open_safetensors(file: Path):
 
 
 def load_into(model: nn.Module, folder: Path, name_map: dict[str, str], device, dtype: torch.dtype,
-              skip: frozenset[str] = frozenset()) -> None:
+              skip: frozenset[str] = frozenset(), trainable: bool = False) -> None:
     """Fill a `meta`-device `model` tensor by tensor; `name_map`: official name -> parameter it fills. `skip`
-    names tensors stored but unused; any other unknown, missing or misshapen tensor stops the load."""
+    names tensors stored but unused; any other unknown, missing or misshapen tensor stops the load. The parameters
+    are frozen unless `trainable` (a model fine-tuned from its checkpoint)."""
     files = {name: file for name, file in checkpoint_files(folder).items() if name not in skip}
     unexpected = sorted(set(files) - set(name_map))
     if unexpected:
@@ -158,7 +162,7 @@ def load_into(model: nn.Module, folder: Path, name_map: dict[str, str], device, 
                     raise CheckpointError(f"{file}: tensor {name!r} is stored as {kind}, not as floating point")
                 owner, _, leaf = name_map[name].rpartition(".")  # the meta parameter is replaced, not copied into
                 tensor = handle.get_tensor(name).to(device=device, dtype=dtype)
-                model.get_submodule(owner)._parameters[leaf] = nn.Parameter(tensor, requires_grad=False)
+                model.get_submodule(owner)._parameters[leaf] = nn.Parameter(tensor, requires_grad=trainable)
 
 
 FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"})  # safetensors' names
@@ -173,13 +177,13 @@ def checkpoint_folder(path, what: str) -> Path:
 
 
 def load_pretrained(cls, config, folder: Path, names: Callable[[nn.Module], dict[str, str]] | None, device,
-                    dtype: torch.dtype, skip: frozenset[str] = frozenset()):
+                    dtype: torch.dtype, skip: frozenset[str] = frozenset(), trainable: bool = False):
     """`cls(config)` built on the `meta` device, so an 8B model never exists twice in memory, filled from `folder`
     (`names(model)`: the name map; None: ours). RoPE's frequencies are not stored: recomputed in float32 on `device`."""
     with torch.device("meta"):
         model = cls(config)
     name_map = names(model) if names is not None else {name: name for name, _ in model.named_parameters()}
-    load_into(model, folder, name_map, device, dtype, skip)
+    load_into(model, folder, name_map, device, dtype, skip, trainable)
     model.rotary.inv_freq = model.rotary.inverse_frequencies(device)
     return model.eval()
 

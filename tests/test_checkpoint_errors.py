@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from dflash.checkpoint import CheckpointError
+from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -122,3 +123,48 @@ def test_pickle_files_are_never_read(tmp_path):
     (folder / "model.safetensors").unlink()
     torch.save({"boom": torch.zeros(1)}, folder / "pytorch_model.bin")
     expect_error(folder, "no model.safetensors")
+
+
+# ------------------------------------------------------------------ drafter configs as newer releases write them
+
+
+def drafter_copy_with(tmp_path, edit) -> Path:
+    """The fixture drafter, its config.json changed by `edit(config)`."""
+    folder = copy_of("dflash-tiny", tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def expect_drafter_error(folder: Path, *fragments: str) -> None:
+    with pytest.raises(CheckpointError) as caught:
+        Drafter.from_pretrained(folder)
+    assert "\n" not in str(caught.value)
+    for fragment in fragments:
+        assert fragment in str(caught.value), str(caught.value)
+
+
+def test_block_size_is_read_from_dflash_config_when_the_top_level_lacks_it(tmp_path):
+    def move_block_size(config):
+        config["dflash_config"]["block_size"] = config.pop("block_size") * 2
+
+    assert Drafter.from_pretrained(drafter_copy_with(tmp_path, move_block_size)).config.block_size == 16
+
+
+def test_two_block_sizes_that_disagree_are_refused(tmp_path):
+    folder = drafter_copy_with(tmp_path, lambda config: config["dflash_config"].update(block_size=16))
+    expect_drafter_error(folder, "block_size=8", "dflash_config.block_size=16", "disagree")
+
+
+def test_a_drafter_without_any_block_size_is_refused(tmp_path):
+    expect_drafter_error(drafter_copy_with(tmp_path, lambda config: config.pop("block_size")), "block_size is missing")
+
+
+def test_sliding_window_draft_layers_are_refused_by_name(tmp_path):
+    def slide_two_layers(config):
+        config["layer_types"] = ["sliding_attention", "full_attention", "sliding_attention"]
+        config["sliding_window"] = 2048
+
+    expect_drafter_error(drafter_copy_with(tmp_path, slide_two_layers),
+                         "layer_types", "layer(s) 0, 2 are 'sliding_attention'", "only 'full_attention'")

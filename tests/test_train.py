@@ -601,7 +601,11 @@ def test_the_parser_is_the_whole_config():
     cfg = train.TrainConfig(**vars(args))
     defaults = train.TrainConfig(target="t", data="d", out="o")
     assert cfg == train.TrainConfig(**{**vars(defaults), "target_layer_ids": [1, 3], "gamma": 2.5, "fsdp": True})
-    assert (defaults.epochs, defaults.block_size, defaults.drafter_layers, defaults.lr) == (6, 16, 5, 6e-4)
+    assert (defaults.epochs, defaults.lr) == (6, 6e-4)
+    eight_layers = Qwen3Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=8,
+                               num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+    drafter = train.build_drafter_config(defaults, eight_layers, None)  # block size and depth: None until resolved
+    assert (drafter.block_size, drafter.layers.num_hidden_layers) == (16, 5)
     assert set(train.MAY_CHANGE_ON_RESUME) < set(vars(defaults))
     with pytest.raises(TypeError, match="bogus"):
         train.TrainConfig(bogus=1)

@@ -1,0 +1,284 @@
+"""Why a drafter accepts less than it should: what its training log claimed, what it does here, and which of the
+usual convention errors between a trainer and a server it actually fits.
+
+    python benchmarks/drafter_check.py --model weights/tiny-qwen3 --draft weights/tiny-qwen3-dflash \
+        --prompts weights/handwritten_problems.jsonl --max-new-tokens 64
+
+Drafters that were 98 % right in training and 10 % right when served have, in the reports behind this check, one
+of a few bugs: the target's layers counted from the embeddings on one side and not the other (every feature one
+layer off), labels shifted by one as a causal LM shifts them (slot k learnt the token after its own), another mask
+token. Each leaves the weights fine and the served drafts wrong, so this check does not ask whether the drafter is
+good, but which convention it was trained under: the target answers the prompts (greedy, through real speculative
+decoding, which also gives the served acceptance), then the drafter drafts a block at every position of those
+answers, once per convention, and each convention is scored by the acceptance it would give (teacher-forced: the
+context is always the target's own text). The convention with the clearly highest score is the one the drafter
+fits; the configured one winning means no convention error. Conventions are tried one at a time, not combined.
+
+A drafter that fits its conventions and still accepts less here than its log claims is meeting prompts unlike its
+training data (another mode or domain): fine-tune it on the target's answers to such prompts (docs/training.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]  # run as a script: generate.py and the package live one floor up
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from dflash.checkpoint import read_text  # noqa: E402
+from dflash.cli import (OneLineErrors, UsageError, add_device_options, int_list, pick_device, pick_dtype,  # noqa: E402
+                        positive_int, run_cli)
+from dflash.drafter import Drafter  # noqa: E402
+from dflash.prompts import PROMPT_FORMAT, add_prompt_options, encode_for_generation, read_prompts  # noqa: E402
+from dflash.qwen3 import Qwen3  # noqa: E402
+from dflash.results import per_position_acceptance  # noqa: E402
+from dflash.tokenizer import END_OF_TEXT, find_tokenizer, stop_token_ids  # noqa: E402
+from dflash.train_kernels import AnchoredBlocks  # noqa: E402
+from dflash.training import estimated_tau  # noqa: E402
+from generate import generate_dflash  # noqa: E402
+
+# A convention is named only when its score beats the configured one's by this factor. A drafter scores highest
+# under the convention it was trained with, so a small lead already says which; but a neighbouring layer's features
+# are alike (on the demo pair one layer off costs 10-15 % of tau), and two unused embedding rows as mask tokens tie.
+CLEARLY_BETTER = 1.05
+
+
+@dataclass(frozen=True)
+class Convention:
+    """One way of feeding and scoring the drafter: the target layers its features come from, which token slot k
+    is scored against (x_{a+k+label_shift}), and the token in the unknown slots."""
+
+    name: str
+    layer_ids: tuple[int, ...]
+    label_shift: int
+    mask_token_id: int
+    diagnosis: str  # what it means when this convention fits best
+
+
+def conventions_to_try(drafter: Drafter, num_target_layers: int, mask_tokens: Sequence[int]) -> list[Convention]:
+    """The configured convention first, then each usual error alone: layers shifted by one either way (where the
+    target has them), labels shifted by one either way, every other candidate mask token."""
+    config = drafter.config
+    ids, mask = tuple(config.target_layer_ids), config.mask_token_id
+    tried = [Convention("as configured", ids, 0, mask, "no convention error: the drafter fits its own config")]
+    for shift in (-1, +1):
+        shifted = tuple(layer + shift for layer in ids)
+        if all(0 <= layer < num_target_layers for layer in shifted):
+            tried.append(Convention(
+                f"target layer ids {shift:+d}", shifted, 0, mask,
+                f"target layer ids off by one: the drafter was trained on the outputs of layers {list(shifted)}, "
+                f"its config says {list(ids)} (one side counts the embeddings as layer 0); set "
+                f"dflash_config.target_layer_ids to {list(shifted)}"))
+    for shift, how in ((-1, "each label taken one position early"), (+1, "a causal LM's label shift applied to a "
+                                                                          "block")):
+        tried.append(Convention(
+            f"labels {shift:+d} slot", ids, shift, mask,
+            f"labels shifted by {shift:+d} slot: slot k was trained to predict x_(a+k{shift:+d}), not x_(a+k) "
+            f"({how}); retrain with each slot labelled by its own position"))
+    for other in mask_tokens:
+        if other != mask:
+            tried.append(Convention(
+                f"mask token {other}", ids, 0, other,
+                f"another mask token: the drafter was trained with {other} in its unknown slots, its config says "
+                f"{mask}; set dflash_config.mask_token_id to {other}"))
+    return tried
+
+
+def candidate_mask_tokens(target: Qwen3, tokenizer, extra: Sequence[int] = ()) -> list[int]:
+    """Mask tokens a trainer plausibly used: the tokenizer's <|mask|>, the first id past the tokenizer (the released
+    drafters'), the last embedding row, the pad token <|endoftext|> (taken for the mask by mistake), and any given;
+    only ids the target has an embedding for."""
+    vocab = target.config.vocab_size
+    pad = tokenizer.token_to_id(END_OF_TEXT) if tokenizer is not None else None
+    found = [getattr(tokenizer, "mask_token_id", None), getattr(tokenizer, "vocab_size", None), vocab - 1, pad, *extra]
+    return [token for token in dict.fromkeys(found) if token is not None and 0 <= token < vocab]
+
+
+@dataclass
+class Score:
+    """A convention's teacher-forced result over all anchors: tau (1 + the mean leading run of right drafts) and
+    each slot's accuracy on its own, as train.py logs it."""
+
+    tau: float
+    slot_accuracy: list[float]
+    tau_estimate: float  # train.py's estimate from the slot accuracies, to set beside the log's
+
+
+def drafts_at_every_anchor(target: Qwen3, drafter: Drafter, input_ids: torch.Tensor, by_layer: torch.Tensor,
+                           anchors: torch.Tensor, convention: Convention) -> torch.Tensor:
+    """The drafter's guesses (K, B) for a block at each anchor a, fed under `convention` as train.py feeds it: the
+    features of its layers before a, [x_a, MASK, ...] at a..a+B-1, every block in one pass."""
+    block, length, device = drafter.config.block_size, input_ids.shape[1], input_ids.device
+    features = by_layer[:, :, list(convention.layer_ids)].flatten(2)  # (1, S, layers, hidden) -> (1, S, layers * hidden)
+    block_ids = torch.full((len(anchors), block), convention.mask_token_id, device=device)  # (K, B)
+    block_ids[:, 0] = input_ids[0, anchors]
+    positions = (anchors[:, None] + torch.arange(block, device=device)).flatten()[None]  # (K, B) -> (1, K*B)
+    pattern = AnchoredBlocks(anchors[None], length, block)
+    hidden = drafter(features, target.embed_tokens(block_ids.flatten()[None]),  # (1, K*B, hidden)
+                     torch.arange(length, device=device), positions, attend=pattern.attend)
+    return target.logits(hidden).argmax(-1).view(len(anchors), block)  # (1, K*B) -> (K, B)
+
+
+@torch.no_grad()
+def teacher_forced(target: Qwen3, drafter: Drafter, sequences: Sequence[tuple[list[int], int]],
+                   conventions: Sequence[Convention]) -> dict[str, Score]:
+    """Draft at every answer position of every (ids, prompt length) under each convention; score slot k against
+    x_(a+k+label_shift): the run of right drafts before the first miss, and each slot's hits."""
+    block, device = drafter.config.block_size, target.embed_tokens.weight.device
+    runs = dict.fromkeys((c.name for c in conventions), 0)  # right drafts before the first miss, summed over anchors
+    hits = {c.name: torch.zeros(block, device=device) for c in conventions}  # (B,) right drafts per slot
+    counts = {c.name: torch.zeros(block, device=device) for c in conventions}  # (B,) scored drafts per slot
+    every_layer = list(range(target.config.num_hidden_layers))
+    for ids, prompt_length in sequences:
+        length = len(ids)
+        anchors = torch.arange(prompt_length, length - 1, device=device)  # (K,): the first is the prefill's token
+        if not len(anchors):
+            continue
+        input_ids = torch.tensor([ids], device=device)  # (1, S)
+        used = max(layer for c in conventions for layer in c.layer_ids)
+        _, captured = target(input_ids, capture_layers=every_layer[:used + 1], last_layer=used)  # (1, S, L' * hidden)
+        by_layer = captured.unflatten(-1, (used + 1, -1))  # (1, S, L', hidden): layer l's output at [:, :, l]
+        slots = anchors[:, None] + torch.arange(block, device=device)  # (K, B): the positions the block occupies
+        for convention in conventions:
+            guesses = drafts_at_every_anchor(target, drafter, input_ids, by_layer, anchors, convention)  # (K, B)
+            wanted_at = slots + convention.label_shift  # (K, B)
+            scored = (wanted_at >= 0) & (wanted_at < length)
+            scored[:, 0] = False  # slot 0 is the known token
+            right = scored & (guesses == input_ids[0, wanted_at.clamp(0, length - 1)])  # (K, B)
+            runs[convention.name] += right[:, 1:].int().cumprod(dim=1).sum().item()  # (K, B-1) -> runs summed
+            hits[convention.name] += right.sum(0)
+            counts[convention.name] += scored.sum(0)
+    anchors_seen = max(1, sum(max(0, len(ids) - 1 - prompt_length) for ids, prompt_length in sequences))
+    return {name: Score(1.0 + runs[name] / anchors_seen,
+                        [round(a, 4) for a in (hits[name][1:] / counts[name][1:].clamp(min=1)).tolist()],
+                        estimated_tau(hits[name], counts[name])) for name in runs}
+
+
+def training_log_claim(drafter_folder: Path) -> dict | None:
+    """What the drafter's train_log.jsonl claimed at its last step: slot accuracy, tau estimate, the last eval tau
+    (train.py's log; None when the folder has none, as the authors' releases do not)."""
+    log = drafter_folder / "train_log.jsonl"
+    if not log.is_file():
+        return None
+    records = [json.loads(line) for line in read_text(log, UsageError, "training log").splitlines() if line.strip()]
+    if not records or "slot_accuracy" not in records[-1]:
+        return None
+    evaluated = [record["eval_tau"] for record in records if record.get("eval_tau") is not None]
+    return {"step": records[-1]["step"], "slot_accuracy": records[-1]["slot_accuracy"],
+            "tau_estimate": records[-1].get("tau_estimate"), "eval_tau": evaluated[-1] if evaluated else None}
+
+
+@dataclass
+class Report:
+    """Everything the check found; `fits` names the convention the drafter fits, `verdict` says what that means."""
+
+    served_tau: float
+    served_acceptance_per_slot: list[float | None]
+    claimed: dict | None
+    scores: dict[str, Score]
+    fits: str
+    verdict: str
+
+
+def which_convention_fits(conventions: Sequence[Convention], scores: dict[str, Score]) -> Convention:
+    """The best-scoring convention, if it beats the configured one clearly; else the configured one."""
+    configured, best = conventions[0], max(conventions, key=lambda c: scores[c.name].tau)
+    return best if scores[best.name].tau > CLEARLY_BETTER * scores[configured.name].tau else configured
+
+
+def check_drafter(target: Qwen3, drafter: Drafter, prompts: Sequence[tuple[list[int], list[int] | None]],
+                  max_new_tokens: int, stop_ids: Sequence[int], mask_tokens: Sequence[int],
+                  claimed: dict | None = None) -> Report:
+    """Serve the prompts (greedy), then score every convention on the target's answers."""
+    generations = [generate_dflash(target, drafter, ids, max_new_tokens, stop_ids=stop_ids,
+                                   first_token_choices=choices) for ids, choices in prompts]
+    lengths = [length for generation in generations for length in generation.acceptance_lengths]
+    conventions = conventions_to_try(drafter, target.config.num_hidden_layers, mask_tokens)
+    sequences = [(ids + generation.new_ids, len(ids)) for (ids, _), generation in zip(prompts, generations)]
+    scores = teacher_forced(target, drafter, sequences, conventions)
+    fits, tau = which_convention_fits(conventions, scores), sum(lengths) / max(len(lengths), 1)
+    return Report(tau, per_position_acceptance(lengths, drafter.config.block_size), claimed, scores, fits.name,
+                  fits.diagnosis + domain_gap(tau, claimed, fits is conventions[0]))
+
+
+def domain_gap(served_tau: float, claimed: dict | None, fits_its_config: bool) -> str:
+    """When the conventions are right, the other reason for a low tau: prompts unlike the drafter's training data."""
+    claimed_tau = (claimed or {}).get("eval_tau")
+    if not fits_its_config or claimed_tau is None or served_tau >= 0.8 * claimed_tau:
+        return ""
+    return (f"; but it accepts {served_tau:.2f} here against {claimed_tau:.2f} on its training run's held-out "
+            f"prompts: these prompts are unlike its training data (another mode or domain); fine-tune it on the "
+            f"target's answers to prompts like these (docs/training.md)")
+
+
+def print_report(report: Report) -> None:
+    """The claim beside the measurement, every convention's score, and the verdict."""
+    def row(values) -> str:
+        return " ".join("   -" if value is None else f"{value:.2f}" for value in values)
+
+    claimed = report.claimed
+    if claimed:
+        print(f"training log, step {claimed['step']} (its training data):")
+        print(f"  slot accuracy {row(claimed['slot_accuracy'])}")
+        print(f"  tau estimate {claimed['tau_estimate']:.2f}" + (
+            f", held-out tau {claimed['eval_tau']:.2f}" if claimed["eval_tau"] is not None else ""))
+    else:
+        print("training log: none beside the drafter")
+    configured = report.scores["as configured"]
+    print("here, teacher-forced on the target's answers (as the log counts):")
+    print(f"  slot accuracy {row(configured.slot_accuracy)}")
+    print(f"  tau estimate {configured.tau_estimate:.2f}")
+    print(f"here, served (greedy): tau {report.served_tau:.2f}, acceptance per slot once reached:")
+    print(f"  {row(report.served_acceptance_per_slot)}")
+    print("conventions (teacher-forced tau: 1 + mean run of right drafts from every answer position):")
+    for name, score in report.scores.items():
+        print(f"  {name:<24} {score.tau:6.2f}{'   <- fits' if name == report.fits else ''}")
+    print(f"verdict: {report.verdict}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineErrors(description="Say why a drafter accepts less than it should (see the module docstring).",
+                           epilog=f"--prompts: {PROMPT_FORMAT}", formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="the target's checkpoint folder")
+    parser.add_argument("--draft", required=True, help="the drafter's checkpoint folder")
+    parser.add_argument("--prompts", required=True, help="prompts like the traffic the drafter serves (a few dozen)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=64, help="tokens answered per prompt")
+    parser.add_argument("--mask-token-ids", type=int_list, default=[],
+                        help="more mask tokens to try, e.g. 151669 (always tried: the tokenizer's <|mask|>, the "
+                             "first id past the tokenizer, the last embedding row, <|endoftext|>)")
+    parser.add_argument("--json", help="also write the report to this file")
+    add_prompt_options(parser)
+    add_device_options(parser)
+    return parser
+
+
+def run(args) -> int:
+    device = pick_device(args.device)
+    target = Qwen3.from_pretrained(args.model, device=device, dtype=pick_dtype(args.dtype, device))
+    drafter = Drafter.from_pretrained(args.draft, target, device=device, dtype=target.embed_tokens.weight.dtype)
+    tokenizer = find_tokenizer(Path(args.model))
+    prompts = [encode_for_generation(prompt, tokenizer, args.chat, args.thinking, args.token_healing)
+               for prompt in read_prompts(Path(args.prompts))]
+    report = check_drafter(target, drafter, prompts, args.max_new_tokens, stop_token_ids(args.model, tokenizer),
+                           candidate_mask_tokens(target, tokenizer, args.mask_token_ids),
+                           training_log_claim(Path(args.draft)))
+    print_report(report)
+    if args.json:
+        Path(args.json).write_text(json.dumps(asdict(report), indent=2) + "\n")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(build_parser(), run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
