@@ -139,7 +139,7 @@ def open_safetensors(file: Path):
         raise CheckpointError(f"{file}: not a readable safetensors file ({err})") from None
 
 
-def load_into(model: nn.Module, folder: Path, name_map: dict[str, str], device, dtype: torch.dtype,
+def load_into(model: nn.Module, folder: Path, name_map: dict[str, str], device, dtype: torch.dtype, *,
               skip: frozenset[str] = frozenset(), trainable: bool = False) -> None:
     """Fill a `meta`-device `model` tensor by tensor; `name_map`: official name -> parameter it fills. `skip`
     names tensors stored but unused; any other unknown, missing or misshapen tensor stops the load. The parameters
@@ -177,13 +177,13 @@ def checkpoint_folder(path, what: str) -> Path:
 
 
 def load_pretrained(cls, config, folder: Path, names: Callable[[nn.Module], dict[str, str]] | None, device,
-                    dtype: torch.dtype, skip: frozenset[str] = frozenset(), trainable: bool = False):
+                    dtype: torch.dtype, *, skip: frozenset[str] = frozenset(), trainable: bool = False):
     """`cls(config)` built on the `meta` device, so an 8B model never exists twice in memory, filled from `folder`
     (`names(model)`: the name map; None: ours). RoPE's frequencies are not stored: recomputed in float32 on `device`."""
     with torch.device("meta"):
         model = cls(config)
     name_map = names(model) if names is not None else {name: name for name, _ in model.named_parameters()}
-    load_into(model, folder, name_map, device, dtype, skip, trainable)
+    load_into(model, folder, name_map, device, dtype, skip=skip, trainable=trainable)
     model.rotary.inv_freq = model.rotary.inverse_frequencies(device)
     return model.eval()
 
