@@ -25,11 +25,11 @@ from typing import Sequence
 
 import torch
 
-from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_token_ids, checked, int_list, pick_device,
+from dflash.cli import (OneLineErrors, UsageError, add_device_options, checked, int_list, pick_device,
                         pick_dtype, positive_int, run_cli)
 from dflash.drafter import Drafter, cached_block_mask
 from dflash.flex_reads import filled_blocks
-from dflash.prompts import Prompt, add_prompt_options, encode_for_generation
+from dflash.prompts import Prompt, add_prompt_options, check_no_mask_token, check_request, encode_for_generation
 from dflash.qwen3 import KVCache, Qwen3, argmax, causal_mask, masked, tree_mask_over_cache
 from dflash.results import Generation, OnToken, synchronize
 from dflash.sampling import (Sampling, add_sampling_options, as_sampling, draw, keep_only, sample, sampled_slots,
@@ -306,38 +306,6 @@ class GenerationBuilder:
         synchronize(self.device)
         self.result.seconds = time.perf_counter() - self.began - self.result.callback_seconds
         return self.result
-
-
-def check_request(target: Qwen3, drafter: Drafter | None, prompt_ids: Sequence[int], max_new_tokens: int, *,
-                  block_size: int, tree_budget: int = 0, where: str = "prompt") -> None:
-    """Refuse, in one line naming the problem, what the models cannot serve: before any cache is allocated."""
-    n, limit = len(prompt_ids), target.config.max_position_embeddings
-    if not prompt_ids:
-        raise UsageError(f"{where}: the prompt is empty")
-    if n >= limit:
-        raise UsageError(f"{where}: the prompt's {n} tokens leave no room for new ones in the model's "
-                         f"max_position_embeddings ({limit})")
-    if max_new_tokens <= 0:
-        raise UsageError(f"max_new_tokens must be positive, got {max_new_tokens}")
-    if max_new_tokens > limit - n:
-        raise UsageError(f"{where}: the prompt's {n} tokens and max_new_tokens {max_new_tokens} exceed the model's "
-                         f"max_position_embeddings ({limit}): at most {limit - n} new tokens fit")
-    check_token_ids(prompt_ids, target.config.vocab_size, where)
-    if drafter is None:
-        return
-    if not 2 <= block_size <= drafter.config.block_size:
-        raise UsageError(f"block size must be in 2..{drafter.config.block_size} (the drafter's), got {block_size}")
-    if tree_budget + 1 > limit - n:  # its nodes take cache slots after the prompt; its mask is (nodes + 1)^2
-        raise UsageError(f"a tree of {tree_budget} nodes does not fit after the prompt's {n} tokens in the model's "
-                         f"max_position_embeddings ({limit})")
-
-
-def check_no_mask_token(drafter: Drafter | None, prompt_ids: Sequence[int], where: str) -> None:
-    """A user's prompt holding the drafter's mask token is a mistake (the token marks the slots not yet guessed and
-    is no text's); the loops themselves run on any ids, as tests' random prompts need."""
-    if drafter is not None and drafter.config.mask_token_id in prompt_ids:
-        raise UsageError(f"{where}: token id {drafter.config.mask_token_id} is the drafter's mask token, not a token "
-                         "a prompt may hold")
 
 
 def ready_runner(target: Qwen3, drafter: Drafter | None, prompt_ids: Sequence[int], max_new_tokens: int, *,

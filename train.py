@@ -26,7 +26,7 @@ from tqdm import tqdm
 from dflash.cli import (HelpWithDefaults, OneLineErrors, UsageError, add_device_options, checked, int_list, pick_dtype,
                         positive, positive_int, run_cli)
 from dflash.drafter import Drafter, DrafterConfig, check_fits, default_target_layer_ids
-from dflash.prompts import PROMPT_FORMAT
+from dflash.prompts import PROMPT_FORMAT, check_no_mask_token, check_request
 from dflash.qwen3 import Qwen3, Qwen3Config, masked
 from dflash.tokenizer import find_tokenizer, stop_token_ids
 from dflash.train_kernels import AnchoredBlocks, chunked_lm_head_loss
@@ -34,7 +34,7 @@ from dflash.training import (Distributed, batch_indices, cosine_with_warmup, dis
                              forget_log_after, freeze, init_weights as init_drafter, load_training_state,
                              optimizer_step, prepare_run_folder, refuse_changes, restore_snapshot, save_training_state,
                              snapshot, steps_per_epoch, stop_on_signals, unwrap, wrap_for_training)
-from generate import check_no_mask_token, check_request, generate_dflash
+from generate import generate_dflash
 from make_data import collate, encode_prompts, load_sequences
 
 IGNORE = -100  # cross_entropy's ignore_index: this slot has no label

@@ -36,7 +36,8 @@ from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_out
 from dflash.drafter import Drafter  # noqa: E402
 from dflash.measure import (BenchPrompt, Loops, Run, distinct_ngram_ratio, left_out, loop_figures, ratio,  # noqa: E402
                             step_ms, summarize_row)
-from dflash.prompts import PROMPT_FORMAT, add_prompt_options, encode_for_generation, read_prompts  # noqa: E402
+from dflash.prompts import (PROMPT_FORMAT, add_prompt_options, check_no_mask_token, check_request,  # noqa: E402
+                            encode_for_generation, read_prompts)
 from dflash.qwen3 import Qwen3  # noqa: E402
 from dflash.sampling import Sampling, generation_config, keep_only, sampled_slots  # noqa: E402
 from dflash.tokenizer import find_tokenizer, stop_token_ids  # noqa: E402
@@ -249,9 +250,9 @@ def run(args) -> int:
                            p.answer) for p in read_prompts(args.prompts)]
     block_sizes = args.block_sizes or [drafter.config.block_size]
     for prompt, block_size in itertools.product(prompts, block_sizes):  # what a loop would refuse midway, refused now
-        generate.check_request(target, drafter, prompt.ids, args.max_new_tokens, block_size=block_size,
+        check_request(target, drafter, prompt.ids, args.max_new_tokens, block_size=block_size,
                                tree_budget=max(args.trees, default=0), where=prompt.where)
-        generate.check_no_mask_token(drafter, prompt.ids, prompt.where)
+        check_no_mask_token(drafter, prompt.ids, prompt.where)
     for policy in args.draft_policy:  # a bad policy is refused before anything runs
         sampled_slots(policy, min(block_sizes), Sampling(max(args.temperatures)) if policy != "greedy" else Sampling())
     config = generation_config(args.model) if "config" in args.filters else {}

@@ -113,6 +113,44 @@ def qwen3_fields(raw: dict, source: str, names: list[str]) -> dict:
     return values
 
 
+# The DFlash fields of a drafter's `config.json` (its layers' are Qwen3's), and what each must be.
+DRAFTER_FIELD_RULES = {
+    "num_target_layers": POSITIVE_INTEGER, "dflash_config.block_size": POSITIVE_INTEGER,
+    "dflash_config.mask_token_id": NON_NEGATIVE_INTEGER,
+    "dflash_config.target_layer_ids": ("a non-empty list of layer indices (integers >= 0)", lambda ids: (
+        isinstance(ids, list) and bool(ids) and all(NON_NEGATIVE_INTEGER[1](i) for i in ids)))}
+
+
+def drafter_fields(raw: dict, source: str) -> dict:
+    """The DFlash fields of a drafter's `config.json`, checked: block_size, num_target_layers, mask_token_id and
+    target_layer_ids (None when the file names none)."""
+    dflash = raw.get("dflash_config", {})
+    if not isinstance(dflash, dict):
+        raise CheckpointError(f"{source}: dflash_config must be an object, got {json.dumps(dflash)}")
+    required = {"num_target_layers": raw.get("num_target_layers"),
+                "dflash_config.mask_token_id": dflash.get("mask_token_id")}
+    check_fields({**required, **{f"dflash_config.{name}": dflash[name] for name in dflash}}, DRAFTER_FIELD_RULES,
+                 source)
+    return {"block_size": block_size_of(raw, dflash, source), "num_target_layers": raw["num_target_layers"],
+            "mask_token_id": dflash["mask_token_id"], "target_layer_ids": dflash.get("target_layer_ids")}
+
+
+def block_size_of(raw: dict, dflash: dict, source: str) -> int:
+    """The block size: at the top level, as the first releases write it, or in `dflash_config`, as newer ones do."""
+    found = {name: value for name, value in (("block_size", raw.get("block_size")),
+                                              ("dflash_config.block_size", dflash.get("block_size")))
+             if value is not None}
+    if not found:
+        raise CheckpointError(f"{source}: block_size is missing (neither at the top level nor in dflash_config)")
+    if len(set(found.values())) > 1:
+        raise CheckpointError(f"{source}: block_size={raw['block_size']!r} and dflash_config.block_size="
+                              f"{dflash['block_size']!r} disagree")
+    name, value = next(iter(found.items()))
+    if not isinstance(value, int) or value < 1:
+        raise CheckpointError(f"{source}: {name} must be a positive integer, got {value!r}")
+    return value
+
+
 def checkpoint_files(folder: Path) -> dict[str, Path]:
     """Which safetensors file holds each tensor: the shard index's, else the single file's (pickles are never read)."""
     index, single = folder / "model.safetensors.index.json", folder / "model.safetensors"

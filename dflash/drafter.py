@@ -8,7 +8,6 @@ inside the block. The embedding and LM head are the target's; checkpoints use th
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import torch
@@ -28,14 +27,6 @@ def default_target_layer_ids(num_target_layers: int, num_drafter_layers: int) ->
     return [round(1 + i * span / (num_drafter_layers - 1)) for i in range(num_drafter_layers)]
 
 
-# The DFlash fields of a drafter's `config.json` (its layers' are Qwen3's), and what each must be.
-DRAFTER_FIELD_RULES = {
-    "num_target_layers": checkpoint.POSITIVE_INTEGER, "dflash_config.block_size": checkpoint.POSITIVE_INTEGER,
-    "dflash_config.mask_token_id": checkpoint.NON_NEGATIVE_INTEGER,
-    "dflash_config.target_layer_ids": ("a non-empty list of layer indices (integers >= 0)", lambda ids: (
-        isinstance(ids, list) and bool(ids) and all(checkpoint.NON_NEGATIVE_INTEGER[1](i) for i in ids)))}
-
-
 @dataclass
 class DrafterConfig:
     """A Qwen3 config for the drafter's own layers, plus what ties it to its target."""
@@ -49,39 +40,16 @@ class DrafterConfig:
     @classmethod
     def from_dict(cls, raw: dict, source: str = "config.json") -> "DrafterConfig":
         layers = Qwen3Config.from_dict(raw, source)
-        dflash = raw.get("dflash_config", {})
-        if not isinstance(dflash, dict):
-            raise CheckpointError(f"{source}: dflash_config must be an object, got {json.dumps(dflash)}")
-        required = {"num_target_layers": raw.get("num_target_layers"),
-                    "dflash_config.mask_token_id": dflash.get("mask_token_id")}
-        checkpoint.check_fields({**required, **{f"dflash_config.{name}": dflash[name] for name in dflash}},
-                                DRAFTER_FIELD_RULES, source)
-        block_size = block_size_of(raw, dflash, source)  # at the top level, or in dflash_config
-        layer_ids = dflash.get("target_layer_ids") or default_target_layer_ids(
-            raw["num_target_layers"], layers.num_hidden_layers)
-        return cls(layers, block_size, raw["num_target_layers"], dflash["mask_token_id"], list(layer_ids))
+        fields = checkpoint.drafter_fields(raw, source)
+        layer_ids = fields["target_layer_ids"] or default_target_layer_ids(
+            fields["num_target_layers"], layers.num_hidden_layers)
+        return cls(layers, fields["block_size"], fields["num_target_layers"], fields["mask_token_id"], list(layer_ids))
 
     def to_dict(self) -> dict:
         """The authors' `config.json`: Qwen3 fields plus the DFlash ones."""
         dflash = {"mask_token_id": self.mask_token_id, "target_layer_ids": self.target_layer_ids}
         return {**self.layers.to_dict(), "architectures": ["DFlashDraftModel"], "block_size": self.block_size,
                 "num_target_layers": self.num_target_layers, "dflash_config": dflash}
-
-
-def block_size_of(raw: dict, dflash: dict, source: str) -> int:
-    """The block size: at the top level, as the first releases write it, or in `dflash_config`, as newer ones do."""
-    found = {name: value for name, value in (("block_size", raw.get("block_size")),
-                                              ("dflash_config.block_size", dflash.get("block_size")))
-             if value is not None}
-    if not found:
-        raise CheckpointError(f"{source}: block_size is missing (neither at the top level nor in dflash_config)")
-    if len(set(found.values())) > 1:
-        raise CheckpointError(f"{source}: block_size={raw['block_size']!r} and dflash_config.block_size="
-                              f"{dflash['block_size']!r} disagree")
-    name, value = next(iter(found.items()))
-    if not isinstance(value, int) or value < 1:
-        raise CheckpointError(f"{source}: {name} must be a positive integer, got {value!r}")
-    return value
 
 
 class DrafterLayer(DecoderLayer):

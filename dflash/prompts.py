@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
-from dflash.cli import UsageError, jsonl_records
+from dflash.cli import UsageError, check_token_ids, jsonl_records
 from dflash.tokenizer import Tokenizer
 
 
@@ -114,3 +115,39 @@ def encode_prompt(prompt: Prompt, tokenizer: Tokenizer | None, chat: bool | None
                   thinking: bool = False) -> list[int]:
     """A prompt's token ids, never healed (see `encode_for_generation`)."""
     return encode_for_generation(prompt, tokenizer, chat, thinking, token_healing=False)[0]
+
+
+# ------------------------------------------------------- what the models can serve
+
+
+def check_request(target, drafter, prompt_ids: Sequence[int], max_new_tokens: int, *,
+                  block_size: int, tree_budget: int = 0, where: str = "prompt") -> None:
+    """Refuse, in one line naming the problem, what a Qwen3 `target` and its drafter (or None) cannot serve:
+    called before any cache is allocated, by the loops and, for every prompt at once, by the programs."""
+    n, limit = len(prompt_ids), target.config.max_position_embeddings
+    if not prompt_ids:
+        raise UsageError(f"{where}: the prompt is empty")
+    if n >= limit:
+        raise UsageError(f"{where}: the prompt's {n} tokens leave no room for new ones in the model's "
+                         f"max_position_embeddings ({limit})")
+    if max_new_tokens <= 0:
+        raise UsageError(f"max_new_tokens must be positive, got {max_new_tokens}")
+    if max_new_tokens > limit - n:
+        raise UsageError(f"{where}: the prompt's {n} tokens and max_new_tokens {max_new_tokens} exceed the model's "
+                         f"max_position_embeddings ({limit}): at most {limit - n} new tokens fit")
+    check_token_ids(prompt_ids, target.config.vocab_size, where)
+    if drafter is None:
+        return
+    if not 2 <= block_size <= drafter.config.block_size:
+        raise UsageError(f"block size must be in 2..{drafter.config.block_size} (the drafter's), got {block_size}")
+    if tree_budget + 1 > limit - n:  # its nodes take cache slots after the prompt; its mask is (nodes + 1)^2
+        raise UsageError(f"a tree of {tree_budget} nodes does not fit after the prompt's {n} tokens in the model's "
+                         f"max_position_embeddings ({limit})")
+
+
+def check_no_mask_token(drafter, prompt_ids: Sequence[int], where: str) -> None:
+    """A user's prompt holding the drafter's mask token is a mistake (the token marks the slots not yet guessed and
+    is no text's); the loops themselves run on any ids, as tests' random prompts need."""
+    if drafter is not None and drafter.config.mask_token_id in prompt_ids:
+        raise UsageError(f"{where}: token id {drafter.config.mask_token_id} is the drafter's mask token, not a token "
+                         "a prompt may hold")
