@@ -149,11 +149,12 @@ def measure_one(args: argparse.Namespace) -> dict:
         if step == 1:
             reset_peak_memory(device)  # the peak is now what the process holds
             before = peak_memory(device)
-        anchors, real = train.batch_anchors(loss_mask, args.anchors, generator)
+        anchors, real = train.batch_anchors(loss_mask, args.anchors, [generator] * args.batch)
         started = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            loss, _, _ = train.drafter_loss(target, drafter, input_ids, loss_mask, anchors, real, config, weights,
-                                            0 if dense else args.loss_chunk_size, dense)
+            loss, _, _ = train.drafter_loss(target, drafter, input_ids, loss_mask, anchors, real, config=config,
+                                            weights=weights, loss_chunk_size=0 if dense else args.loss_chunk_size,
+                                            dense_attention=dense)
         optimizer_step(loss, drafter, optimizer, grad_clip=1.0)
         if device.type == "cuda":
             torch.cuda.synchronize()

@@ -66,17 +66,25 @@ def distributed_run(device_name: str) -> Iterator[Distributed]:
         dist.destroy_process_group()
 
 
-def steps_per_epoch(num_items: int, batch_size: int, world: int) -> int:
-    """Steps to see every item once, each process taking `batch_size` of its share a step."""
-    return math.ceil(math.ceil(num_items / world) / batch_size)
+def steps_per_epoch(num_items: int, global_batch: int) -> int:
+    """Steps to see every item once, `global_batch` items a step (the last step of an epoch filled from its start)."""
+    return math.ceil(num_items / global_batch)
 
 
-def batch_indices(num_items: int, batch_size: int, step: int, seed: int, place: Distributed) -> list[int]:
-    """This process's items for `step`, as DistributedSampler: each epoch shuffled anew, padded by wrapping, strided."""
-    epoch, index = divmod(step, steps_per_epoch(num_items, batch_size, place.world))
+def global_batch_items(num_items: int, global_batch: int, step: int, seed: int) -> tuple[int, list[int]]:
+    """(epoch, the items of `step`): each epoch shuffled anew and cut into global batches, the last one filled by
+    wrapping to the epoch's start. Only the global batch's size decides them, not how processes share it."""
+    epoch, index = divmod(step, steps_per_epoch(num_items, global_batch))
     order = torch.randperm(num_items, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
-    order += order[: (-len(order)) % place.world]  # every process gets the same number of items
-    return order[place.rank::place.world][index * batch_size:(index + 1) * batch_size]
+    return epoch, [order[position % num_items] for position in range(index * global_batch, (index + 1) * global_batch)]
+
+
+def share_of_batch(items: list[int], place: Distributed, micro_batches: int) -> list[list[int]]:
+    """This process's part of a global batch, every `world`-th item as DistributedSampler strides, cut into
+    `micro_batches` equal micro-batches (the global batch is processes x micro-batches x the batch size)."""
+    mine = items[place.rank::place.world]
+    size = len(mine) // micro_batches
+    return [mine[number * size:(number + 1) * size] for number in range(micro_batches)]
 
 
 def wrap_for_training(model: nn.Module, place: Distributed, fsdp: bool) -> nn.Module:
@@ -115,7 +123,7 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
-def snapshot(model: nn.Module, optimizer, scheduler, place: Distributed, fsdp: bool, **generators) -> dict:
+def snapshot(model: nn.Module, optimizer, scheduler, place: Distributed, fsdp: bool) -> dict:
     """All a resume needs as plain (unsharded, CPU) tensors and containers, the same however many processes
     wrote it: weights, optimizer, schedule, and every process's random states. A collective call."""
     if fsdp:
@@ -126,16 +134,14 @@ def snapshot(model: nn.Module, optimizer, scheduler, place: Distributed, fsdp: b
     else:
         weights = {name: tensor.detach().cpu() for name, tensor in unwrap(model).state_dict().items()}
         optimizer_state = optimizer.state_dict()
-    rng = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-           **{name: generator.get_state() for name, generator in generators.items()}}
+    rng = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
     rngs = [rng] * place.world  # every process's, in rank order
     if place.world > 1:
         dist.all_gather_object(rngs, rng)
     return {"model": weights, "optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "rng": rngs}
 
 
-def restore_snapshot(state: dict, model: nn.Module, optimizer, scheduler, place: Distributed, fsdp: bool,
-                     **generators) -> None:
+def restore_snapshot(state: dict, model: nn.Module, optimizer, scheduler, place: Distributed, fsdp: bool) -> None:
     """The inverse of `snapshot`: every process loads the full states (FSDP keeps its shard) and its own rng."""
     if len(state["rng"]) != place.world:
         raise UsageError(f"--resume: the run used {len(state['rng'])} process(es), this one {place.world} "
@@ -153,8 +159,6 @@ def restore_snapshot(state: dict, model: nn.Module, optimizer, scheduler, place:
     torch.set_rng_state(rng["torch"])
     if rng["cuda"]:
         torch.cuda.set_rng_state_all(rng["cuda"])
-    for name, generator in generators.items():
-        generator.set_state(rng[name])
 
 
 def prepare_run_folder(out: Path, resume: bool, force: bool, outputs: tuple[str, ...]) -> None:
@@ -217,12 +221,35 @@ def stop_on_signals() -> Iterator[types.SimpleNamespace]:
             signal.signal(signum, handler)
 
 
-def optimizer_step(loss: torch.Tensor, model: nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float) -> None:
-    """Backward, clip the gradient norm, update, and clear the gradients for the next step."""
-    loss.backward()
-    nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+@contextmanager
+def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Within the block, DDP or FSDP2 reduce the gradients across processes only if `enabled`: the micro-batches
+    before a step's last accumulate theirs in place, and the last one's backward reduces the sum once."""
+    if not enabled and isinstance(model, nn.parallel.DistributedDataParallel):
+        with model.no_sync():
+            yield
+    elif not enabled and hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:  # the last micro-batch, or a model alone
+        yield
+
+
+def apply_gradients(model: nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float) -> torch.Tensor:
+    """Clip the gradient's norm, update, and clear the gradients for the next step; the norm before clipping."""
+    norm = nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2's is a DTensor
+
+
+def optimizer_step(loss: torch.Tensor, model: nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float) -> None:
+    """Backward, then `apply_gradients`: one batch, one step."""
+    loss.backward()
+    apply_gradients(model, optimizer, grad_clip)
 
 
 def estimated_tau(correct: torch.Tensor, counted: torch.Tensor) -> float:
@@ -230,6 +257,46 @@ def estimated_tau(correct: torch.Tensor, counted: torch.Tensor) -> float:
     hits as independent and real blocks start right after a miss (tutorial 04, section 7, measures the gap)."""
     accuracy = correct[1:] / counted[1:].clamp(min=1)
     return 1.0 + torch.cumprod(accuracy, dim=0).sum().item()
+
+
+@dataclass
+class LogTally:
+    """What the next log line reports, summed over the steps since the last one."""
+
+    loss: torch.Tensor  # (): each step's loss; a process holds its share, the shares add up to the step's mean
+    correct: torch.Tensor  # (B,): block slots guessed right, per slot
+    counted: torch.Tensor  # (B,): block slots labelled, per slot
+    grad_norm: torch.Tensor  # (): the gradient's norm before clipping, the same in every process
+    steps: int = 0
+
+    @classmethod
+    def zeros(cls, block_size: int, device: torch.device) -> LogTally:
+        return cls(*(torch.zeros(size, device=device) for size in ((), (block_size,), (block_size,), ())))
+
+    def add(self, loss: torch.Tensor, correct: torch.Tensor, counted: torch.Tensor) -> None:
+        """One micro-batch's loss and per-slot counts."""
+        self.loss += loss.detach()
+        self.correct += correct
+        self.counted += counted
+
+    def end_step(self, grad_norm: torch.Tensor) -> None:
+        self.grad_norm += grad_norm.detach()
+        self.steps += 1
+
+    def pooled(self, place: Distributed) -> dict:
+        """The log line's figures, pooled over the processes and averaged over the steps; then start over.
+        A collective call."""
+        block_size = len(self.correct)
+        summed = place.sum(torch.cat([self.loss[None], self.correct, self.counted]))  # (1 + 2B,): one call
+        loss, correct, counted = summed[0], summed[1:1 + block_size], summed[1 + block_size:]
+        accuracy = (correct[1:] / counted[1:].clamp(min=1)).tolist()  # slots 1..B-1
+        record = {"loss": loss.item() / self.steps, "grad_norm": self.grad_norm.item() / self.steps,
+                  "slot_accuracy": [round(a, 4) for a in accuracy],
+                  "tau_estimate": round(estimated_tau(correct, counted), 4)}
+        for tensor in (self.loss, self.correct, self.counted, self.grad_norm):
+            tensor.zero_()
+        self.steps = 0
+        return record
 
 
 def cosine_with_warmup(step: int, total_steps: int, warmup: float) -> float:

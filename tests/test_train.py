@@ -112,7 +112,7 @@ def test_anchors_valid_distinct_bounded_and_fresh():
 
 def test_batch_anchors_pad_short_rows():
     loss_mask = torch.tensor([[0, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 0]])
-    anchors, real = train.batch_anchors(loss_mask, 3, torch.Generator().manual_seed(0))
+    anchors, real = train.batch_anchors(loss_mask, 3, [torch.Generator().manual_seed(seed) for seed in (0, 1)])
     assert anchors.shape == real.shape == (2, 3)
     assert real.tolist() == [[True] * 3, [True, False, False]]
     assert anchors[1, 0] == 3
@@ -211,7 +211,8 @@ def test_loss_ignores_unscored_slots_and_reports_per_slot_counts():
     loss_mask = torch.tensor([[0] * 8 + [1] * 8])
     anchors, real = torch.tensor([[8, 13]]), torch.tensor([[True, True]])
     weights = train.slot_weights(4, 2.0)
-    loss, correct, counted = train.drafter_loss(target, drafter, ids, loss_mask, anchors, real, config, weights)
+    loss, correct, counted = train.drafter_loss(target, drafter, ids, loss_mask, anchors, real, config=config,
+                                                 weights=weights)
     assert counted.tolist() == [0, 2, 2, 1]  # slot 0 never; 13+3 = 16 is past the end
     loss.backward()
     assert all(p.grad is not None for p in drafter.parameters())
