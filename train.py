@@ -398,11 +398,12 @@ def train_from_args(args: argparse.Namespace) -> int:
         raise UsageError("--eval-prompts is not supported with --fsdp (evaluate the saved drafter with generate.py)")
     with distributed_run(args.device) as place:
         record = train(TrainConfig(**vars(args)), place)
-    if "stopped_by" in record:
+    if "stopped_by" not in record:
+        return 0
+    if place.main:  # one line, however many processes
         print(f"stopped by {record['stopped_by']} at step {record['step']}: checkpoint saved in {args.out}; "
               f"to continue, run the same command with --resume", file=sys.stderr)
-        return 128 + signal.Signals[record["stopped_by"]].value
-    return 0
+    return 128 + signal.Signals[record["stopped_by"]].value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -205,12 +205,16 @@ def forget_log_after(log: Path, step: int) -> None:
 @contextmanager
 def stop_on_signals() -> Iterator[types.SimpleNamespace]:
     """Within the block, Ctrl-C or SIGTERM only sets `.name` ("SIGINT"): the loop ends its step and saves, so a
-    checkpoint is never cut in half. A second one acts at once; the previous handlers come back after."""
+    checkpoint is never cut in half. A second one acts at once, but not under torchrun: it passes on the signal
+    its process group already got (and kills its processes itself if they are slow to end). The previous
+    handlers come back after."""
     stop = types.SimpleNamespace(name="")
+    second_acts = "LOCAL_RANK" not in os.environ  # torchrun sets it
 
     def handle(signum, frame) -> None:
         stop.name = signal.Signals(signum).name
-        signal.signal(signum, signal.SIG_DFL if signum != signal.SIGINT else signal.default_int_handler)
+        if second_acts:
+            signal.signal(signum, signal.SIG_DFL if signum != signal.SIGINT else signal.default_int_handler)
 
     main_thread = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
     previous = {signum: signal.signal(signum, handle) for signum in (signal.SIGINT, signal.SIGTERM) if main_thread}
