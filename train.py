@@ -4,14 +4,12 @@ The data is the target's own answers (`make_data.py`); the frozen target reads e
 after `target_layer_ids` are the drafter's context. Each step draws anchors a in the answers: the block [x_a, MASK,
 ..., MASK] at a..a+B-1 is what the drafter sees once x_a is verified; all blocks run in one forward, each seeing the
 context before its anchor and itself (`AnchoredBlocks`). Slot k predicts x_{a+k} through the target's LM head,
-weighted exp(-(k-1)/gamma) as a draft counts up to its first miss. A step's loss is the weighted mean over every
-labelled slot of its global batch (processes x micro-batches x sequences), so torchrun (DDP or FSDP2) and
---grad-accum train the drafter one process would train on the same global batch."""
+weighted exp(-(k-1)/gamma) as a draft counts up to its first miss. A step's loss is the mean over its global batch
+(processes x micro-batches x sequences): torchrun and --grad-accum train the drafter one process trains."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 import time
@@ -32,11 +30,11 @@ from dflash.prompts import PROMPT_FORMAT
 from dflash.qwen3 import Qwen3, Qwen3Config
 from dflash.tokenizer import find_tokenizer, stop_token_ids
 from dflash.train_kernels import AnchoredBlocks, chunked_lm_head_loss
-from dflash.training import (Distributed, LogTally, apply_gradients, cosine_with_warmup, distributed_run,
-                             estimated_tau, forget_log_after, freeze, global_batch_items, gradient_sync,
-                             init_weights as init_drafter, load_training_state, prepare_run_folder, refuse_changes,
-                             restore_snapshot, save_training_state, share_of_batch, snapshot, steps_per_epoch,
-                             stop_on_signals, unwrap, wrap_for_training)
+from dflash.training import (LOG_FILE, STATE_FILE, Distributed, LogTally, anchor_generator, apply_gradients,
+                             cosine_with_warmup, distributed_run, estimated_tau, freeze, global_batch_items,
+                             gradient_sync, init_weights as init_drafter, prepare_run_folder, resume,
+                             save_checkpoint, share_of_batch, steps_per_epoch, stop_on_signals, unwrap,
+                             wrap_for_training, write_log)
 from generate import generate_dflash
 from make_data import collate, encode_prompts, load_sequences
 
@@ -57,13 +55,6 @@ def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.G
     valid = valid_anchor_positions(loss_mask)
     picks = torch.randperm(len(valid), generator=generator)[:num_anchors]
     return valid[picks.to(valid.device)].sort().values
-
-
-def anchor_generator(seed: int, epoch: int, index: int) -> torch.Generator:
-    """What draws sequence `index`'s anchors in `epoch`: the same whichever process, micro-batch or row the sequence
-    lands in, so how a step is shared out never changes what it computes."""
-    state = np.random.SeedSequence([seed % 2**64, epoch, index]).generate_state(1, np.uint64)[0]  # mixes all three
-    return torch.Generator().manual_seed(int(state))
 
 
 def batch_anchors(loss_mask: torch.Tensor, num_anchors: int, generators: Sequence[torch.Generator]):
@@ -130,21 +121,17 @@ class MicroBatch(NamedTuple):
     real: torch.Tensor  # (batch, K): False for the padding blocks of rows with fewer anchors
 
 
-def micro_batches(sequences: list, step: int, cfg: TrainConfig, place: Distributed) -> list[MicroBatch]:
+def micro_batches(sequences: list, step: int, global_batch: int, cfg: TrainConfig,
+                  place: Distributed) -> list[MicroBatch]:
     """This process's micro-batches of `step`, anchored. Which sequences a step trains on, and where their blocks
     start, depend on the global batch (its size, the seed, the step), not on how the processes share it out."""
-    epoch, items = global_batch_items(len(sequences), global_batch_size(cfg, place), step, cfg.seed)
+    epoch, items = global_batch_items(len(sequences), global_batch, step, cfg.seed)
     batches = []
     for indices in share_of_batch(items, place, cfg.grad_accum):
         input_ids, loss_mask = collate([sequences[i] for i in indices], place.device)  # (batch, S) each
         generators = [anchor_generator(cfg.seed, epoch, i) for i in indices]
         batches.append(MicroBatch(input_ids, loss_mask, *batch_anchors(loss_mask, cfg.num_anchors, generators)))
     return batches
-
-
-def global_batch_size(cfg: TrainConfig, place: Distributed) -> int:
-    """Sequences per optimizer step: per micro-batch x processes x micro-batches per step."""
-    return cfg.batch_size * place.world * cfg.grad_accum
 
 
 def step_weight(batches: list[MicroBatch], weights: torch.Tensor, place: Distributed) -> torch.Tensor:
@@ -173,8 +160,8 @@ def drafter_loss(target: Qwen3, drafter: nn.Module, input_ids: torch.Tensor, los
     scored = labels != IGNORE
     slot_weight = label_weights(labels, weights)[scored]  # (N,)
     total = slot_weight.sum() if weight_total is None else weight_total
-    loss, hits = chunked_lm_head_loss(hidden[scored], target.head_weight, labels[scored],  # labelled slots only
-                                      slot_weight / total, loss_chunk_size)
+    loss, hits = chunked_lm_head_loss(hidden[scored], target.head_weight, labels[scored], slot_weight / total,
+                                      loss_chunk_size)  # labelled slots only
     slots = (torch.arange(labels.shape[1], device=labels.device) % block_size).expand_as(labels)[scored]  # (N,)
     correct = torch.bincount(slots, weights=hits.float(), minlength=block_size)  # (B,)
     return loss, correct, torch.bincount(slots, minlength=block_size).float()
@@ -202,57 +189,27 @@ def build_drafter_config(cfg: TrainConfig, target: Qwen3Config, tokenizer) -> Dr
     return config
 
 
-def evaluate_tau(target: Qwen3, drafter: Drafter, prompts: list[list[int]], max_new_tokens: int, block_size: int,
-                 stop_ids: Sequence[int], *, first_token_choices: Sequence | None = None) -> tuple[float, float]:
-    """Real speculative decoding, greedy: (tokens committed, verification steps) over the prompts; tau = their ratio.
-    The drafter runs in the target's dtype, as in use; `first_token_choices[i]` heals prompt i's first token."""
+def evaluate_tau(target: Qwen3, drafter: Drafter, prompts: list, max_new_tokens: int, stop_ids: Sequence[int],
+                 place: Distributed = Distributed()) -> float | None:
+    """tau by real speculative decoding, greedy: tokens committed per verification step over the prompts, (ids,
+    the first token's choices or None) each, and those of every process (a collective call). The drafter runs in
+    the target's dtype, as in use."""
     copy = Drafter(drafter.config).to(target.embed_tokens.weight).eval()  # its device and dtype
     copy.load_state_dict(drafter.state_dict())  # cast to the target's dtype
-    generations = [generate_dflash(target, copy, prompt, max_new_tokens, block_size=block_size, stop_ids=stop_ids,
-                                   first_token_choices=choices)
-                   for prompt, choices in zip(prompts, first_token_choices or [None] * len(prompts))]
-    tokens = sum(sum(generation.acceptance_lengths) for generation in generations)
-    return float(tokens), float(sum(generation.steps for generation in generations))
-
-
-def held_out_tau(target: Qwen3, drafter: Drafter, prompts: list, stop_ids: Sequence[int], cfg: TrainConfig,
-                 place: Distributed) -> float | None:
-    """tau by real decoding of every process's share of the held-out prompts, pooled. A collective call."""
-    totals = evaluate_tau(target, drafter, [ids for ids, _ in prompts], cfg.eval_max_new_tokens, cfg.block_size,
-                          stop_ids, first_token_choices=[choices for _, choices in prompts])
-    tokens, verifications = place.sum(torch.tensor(totals, device=place.device)).tolist()
+    generations = [generate_dflash(target, copy, ids, max_new_tokens, block_size=drafter.config.block_size,
+                                   stop_ids=stop_ids, first_token_choices=choices) for ids, choices in prompts]
+    totals = [sum(sum(generation.acceptance_lengths) for generation in generations),
+              sum(generation.steps for generation in generations)]
+    tokens, verifications = place.sum(torch.tensor(totals, dtype=torch.float64, device=place.device)).tolist()
     return tokens / verifications if verifications else None
-
-
-def save_checkpoint(state_path: Path, model: nn.Module, optimizer, scheduler, place: Distributed, run: dict) -> None:
-    """The drafter, loadable by generate.py, beside all a resume needs (`run`: the configs, the step, the time).
-    The weights go twice: a crash between the writes never pairs two steps' states. A collective call."""
-    state = snapshot(model, optimizer, scheduler, place, run["train_config"]["fsdp"])
-    if place.main:
-        release = Drafter(unwrap(model).config)
-        release.load_state_dict(state["model"])
-        release.save_pretrained(state_path.parent)
-        save_training_state(state_path, {**state, **run})
-
-
-def write_log(log_path: Path, record: dict, bar: tqdm, tokens_per_second: float) -> None:
-    """Append the record to the JSONL log and show its main figures on the progress bar."""
-    with open(log_path, "a") as log:
-        log.write(json.dumps(record) + "\n")
-    accuracy = record["slot_accuracy"]
-    shown = {"loss": f"{record['loss']:.3f}", "acc1": f"{accuracy[0]:.2f}",
-             "acc_mean": f"{sum(accuracy) / len(accuracy):.2f}", "tau~": f"{record['tau_estimate']:.2f}",
-             "tok/s": f"{tokens_per_second:.0f}"}
-    bar.set_postfix({**shown, "eval_tau": f"{record['eval_tau']:.2f}"} if record.get("eval_tau") else shown)
 
 
 def train(cfg: TrainConfig, place: Distributed) -> dict:
     """Train (or resume) this process's share; return the last log record. When due: checkpoint, then log (with an
     evaluation: a failing one never loses the run). Ctrl-C or SIGTERM ends the step, saves, and sets `stopped_by`."""
     out, device = Path(cfg.out), place.device
-    state_path, log_path = out / "training_state.pt", out / "train_log.jsonl"
     if place.main:
-        prepare_run_folder(out, cfg.resume, cfg.force, outputs=(log_path.name, state_path.name))
+        prepare_run_folder(out, cfg.resume, cfg.force, outputs=(LOG_FILE, STATE_FILE))
     target = freeze(Qwen3.from_pretrained(cfg.target, device=device, dtype=pick_dtype(cfg.dtype, device)))
     tokenizer_folder = Path(cfg.tokenizer or cfg.target)
     tokenizer = find_tokenizer(tokenizer_folder, required=cfg.tokenizer is not None)
@@ -267,28 +224,22 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
     drafter.recompute_layers = not cfg.keep_activations
     model = wrap_for_training(drafter.to(device).train(), place, cfg.fsdp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    total_steps = cfg.steps or cfg.epochs * steps_per_epoch(len(sequences), global_batch_size(cfg, place))
+    global_batch = cfg.batch_size * place.world * cfg.grad_accum  # sequences per optimizer step
+    total_steps = cfg.steps or cfg.epochs * steps_per_epoch(len(sequences), global_batch)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: cosine_with_warmup(step, total_steps, cfg.warmup))
     weights = slot_weights(cfg.block_size, cfg.gamma or gamma_for_block_size(cfg.block_size))
     run = {"target_config": asdict(target.config), "train_config": vars(cfg), "drafter_config": config.to_dict()}
     step, elapsed_before = 0, 0.0
-    if cfg.resume:  # the same target, options and drafter (a default or the tokenizer may change the drafter too)
-        state = load_training_state(state_path)
-        refuse_changes(state["target_config"], run["target_config"], f"{state_path}: trained for another target:")
-        refuse_changes(state["train_config"], run["train_config"], "--resume: the option", MAY_CHANGE_ON_RESUME)
-        refuse_changes(state["drafter_config"], run["drafter_config"], "--resume: the drafter's")
-        restore_snapshot(state, model, optimizer, scheduler, place, cfg.fsdp)
-        step, elapsed_before = state["step"], state["elapsed"]
-        if place.main:
-            forget_log_after(log_path, step)
+    if cfg.resume:
+        step, elapsed_before = resume(out, run, model, optimizer, scheduler, place, may_change=MAY_CHANGE_ON_RESUME)
 
     began = last_save = time.perf_counter()
     tally = LogTally.zeros(cfg.block_size, device)  # since the last log line
     tokens_seen, record, signaled, stopping = 0, {}, False, step >= total_steps
     with stop_on_signals() as stop, tqdm(total=total_steps, initial=step, disable=not place.main, unit="step") as bar:
         while not stopping:
-            batches = micro_batches(sequences, step, cfg, place)
+            batches = micro_batches(sequences, step, global_batch, cfg, place)
             weight_total = step_weight(batches, weights, place)
             for number, batch in enumerate(batches, start=1):
                 with gradient_sync(model, enabled=number == len(batches)):  # reduce once, the sum of them all
@@ -312,16 +263,17 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
             evaluating = bool(cfg.eval_prompts) and not signaled and (
                 step == total_steps or (cfg.eval_every > 0 and step % cfg.eval_every == 0))
             if stopping or save_by_clock or (cfg.save_every > 0 and step % cfg.save_every == 0):
-                save_checkpoint(state_path, model, optimizer, scheduler, place,
+                save_checkpoint(out, model, optimizer, scheduler, place,
                                 {**run, "step": step, "elapsed": elapsed_before + seconds})
                 last_save = time.perf_counter()
             if step % cfg.log_every == 0 or stopping or evaluating:
-                record = {"step": step, "sequences": step * global_batch_size(cfg, place), **tally.pooled(place),
+                record = {"step": step, "sequences": step * global_batch, **tally.pooled(place),
                           "lr": scheduler.get_last_lr()[0], "elapsed": round(elapsed_before + seconds, 2)}
                 if evaluating:
-                    record["eval_tau"] = held_out_tau(target, unwrap(model), prompts, stop_ids, cfg, place)
+                    record["eval_tau"] = evaluate_tau(target, unwrap(model), prompts, cfg.eval_max_new_tokens,
+                                                    stop_ids, place)
                 if place.main:
-                    write_log(log_path, record, bar, place.world * tokens_seen / max(seconds, 1e-9))
+                    write_log(out / LOG_FILE, record, bar, place.world * tokens_seen / max(seconds, 1e-9))
     if signaled:
         record["stopped_by"] = stop.name or "SIGTERM"  # another process's signal: a scheduler's, as a rule
     return record

@@ -1,5 +1,6 @@
 """What a training loop needs around its recipe, for `train.py` and the demo target's trainer; it imports no model:
-Qwen3's initialisation, a place in a torchrun job, DDP or FSDP2, an exact resume (atomic writes; Ctrl-C saves first)."""
+Qwen3's initialisation, a place in a torchrun job, a global batch shared out over processes (DDP or FSDP2) and
+micro-batches, the log, an exact resume (atomic writes; Ctrl-C saves first)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from dflash.checkpoint import write_atomically
+from dflash.checkpoint import save_tensors, write_atomically
 from dflash.cli import UsageError, pick_device
+
+STATE_FILE, LOG_FILE = "training_state.pt", "train_log.jsonl"  # in a run's folder, beside the drafter it trains
 
 
 @dataclass
@@ -85,6 +89,13 @@ def share_of_batch(items: list[int], place: Distributed, micro_batches: int) -> 
     mine = items[place.rank::place.world]
     size = len(mine) // micro_batches
     return [mine[number * size:(number + 1) * size] for number in range(micro_batches)]
+
+
+def anchor_generator(seed: int, epoch: int, index: int) -> torch.Generator:
+    """What draws sequence `index`'s anchors in `epoch`: the same whichever process, micro-batch or row the sequence
+    lands in, so how a step is shared out never changes what it computes."""
+    state = np.random.SeedSequence([seed % 2**64, epoch, index]).generate_state(1, np.uint64)[0]  # mixes all three
+    return torch.Generator().manual_seed(int(state))
 
 
 def wrap_for_training(model: nn.Module, place: Distributed, fsdp: bool) -> nn.Module:
@@ -161,6 +172,31 @@ def restore_snapshot(state: dict, model: nn.Module, optimizer, scheduler, place:
         torch.cuda.set_rng_state_all(rng["cuda"])
 
 
+def save_checkpoint(out: Path, model: nn.Module, optimizer, scheduler, place: Distributed, run: dict) -> None:
+    """Into `out`: the trained model (`config.json` + `model.safetensors`, as `from_pretrained` reads them) and all a
+    resume needs (`run`: the configs, the step, the time). The weights go twice: a crash between the two writes
+    never pairs two steps' states. A collective call; the main process writes."""
+    state = snapshot(model, optimizer, scheduler, place, run["train_config"]["fsdp"])
+    if place.main:
+        save_tensors(out, state["model"], run["drafter_config"])
+        save_training_state(out / STATE_FILE, {**state, **run})
+
+
+def resume(out: Path, run: dict, model: nn.Module, optimizer, scheduler, place: Distributed, *,
+           may_change: tuple[str, ...]) -> tuple[int, float]:
+    """Continue the run saved in `out` exactly, from its training state: (step, seconds trained). The target, the
+    options but `may_change`, and the drafter (a default or the tokenizer may change it) must be the saved ones."""
+    state_path = out / STATE_FILE
+    state = load_training_state(state_path)
+    refuse_changes(state["target_config"], run["target_config"], f"{state_path}: trained for another target:")
+    refuse_changes(state["train_config"], run["train_config"], "--resume: the option", may_change)
+    refuse_changes(state["drafter_config"], run["drafter_config"], "--resume: the drafter's")
+    restore_snapshot(state, model, optimizer, scheduler, place, run["train_config"]["fsdp"])
+    if place.main:
+        forget_log_after(out / LOG_FILE, state["step"])  # its steps after the state are about to be redone
+    return state["step"], state["elapsed"]
+
+
 def prepare_run_folder(out: Path, resume: bool, force: bool, outputs: tuple[str, ...]) -> None:
     """Refuse to mix a new run into an old one by accident; with --force, remove the old run's `outputs`."""
     if out.exists() and not out.is_dir():
@@ -227,19 +263,14 @@ def stop_on_signals() -> Iterator[types.SimpleNamespace]:
 
 @contextmanager
 def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
-    """Within the block, DDP or FSDP2 reduce the gradients across processes only if `enabled`: the micro-batches
-    before a step's last accumulate theirs in place, and the last one's backward reduces the sum once."""
-    if not enabled and isinstance(model, nn.parallel.DistributedDataParallel):
+    """Within the block, DDP all-reduces the gradients only if `enabled`: the micro-batches before a step's last
+    accumulate theirs in place, the last one's backward reduces their sum once. FSDP2 reduce-scatters every
+    micro-batch: each process then only ever holds its shard of the gradient, the memory FSDP is chosen for."""
+    if enabled or not isinstance(model, nn.parallel.DistributedDataParallel):
+        yield
+    else:
         with model.no_sync():
             yield
-    elif not enabled and hasattr(model, "set_requires_gradient_sync"):  # FSDP2
-        model.set_requires_gradient_sync(False)
-        try:
-            yield
-        finally:
-            model.set_requires_gradient_sync(True)
-    else:  # the last micro-batch, or a model alone
-        yield
 
 
 def apply_gradients(model: nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float) -> torch.Tensor:
@@ -301,6 +332,17 @@ class LogTally:
             tensor.zero_()
         self.steps = 0
         return record
+
+
+def write_log(log_path: Path, record: dict, bar, tokens_per_second: float) -> None:
+    """Append the record to the JSONL log and show its main figures on the progress bar."""
+    with open(log_path, "a") as log:
+        log.write(json.dumps(record) + "\n")
+    accuracy = record["slot_accuracy"]
+    shown = {"loss": f"{record['loss']:.3f}", "acc1": f"{accuracy[0]:.2f}",
+             "acc_mean": f"{sum(accuracy) / len(accuracy):.2f}", "tau~": f"{record['tau_estimate']:.2f}",
+             "tok/s": f"{tokens_per_second:.0f}"}
+    bar.set_postfix({**shown, "eval_tau": f"{record['eval_tau']:.2f}"} if record.get("eval_tau") else shown)
 
 
 def cosine_with_warmup(step: int, total_steps: int, warmup: float) -> float:

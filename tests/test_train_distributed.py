@@ -1,6 +1,6 @@
-"""One step, however it is shared out: train.py on one process, on two under torchrun (DDP and FSDP2, gloo on
-the CPU) and with gradient accumulation trains the same drafter from the same global batch, up to the order of
-float sums; a torchrun run stopped by a signal and resumed ends where the uninterrupted run ends, bit for bit.
+"""One step, however it is shared out: train.py on one process, on two (DDP and FSDP2, gloo on the CPU) and with
+gradient accumulation trains the same drafter from the same global batch, up to the order of float sums; a run
+under torchrun stopped by a signal and resumed ends where the uninterrupted run ends, bit for bit.
 
 The runs are shared by the tests (module-scoped): 8 short sequences, a global batch of 4, `STEPS` steps."""
 
@@ -112,7 +112,7 @@ def test_a_step_trains_the_same_drafter_however_it_is_shared_out(runs, way):
     assert expected[-1]["loss"] < expected[0]["loss"] - 0.2  # it did train
 
 
-def test_a_torchrun_checkpoint_holds_each_process_state_once(runs):
+def test_a_two_process_checkpoint_holds_each_process_state_once(runs):
     """Rank 0 alone writes: one log, one loadable drafter, every process's random state."""
     state = torch.load(runs["2 x 2 DDP"] / "training_state.pt", weights_only=True)
     assert len(state["rng"]) == 2 and state["step"] == STEPS
