@@ -34,7 +34,7 @@ from dflash.qwen3 import KVCache, Qwen3, argmax, causal_mask, masked, tree_mask_
 from dflash.results import Generation, OnToken, synchronize
 from dflash.sampling import (Sampling, add_sampling_options, as_sampling, draw, keep_only, sample, sampled_slots,
                              sampling_of, verdicts)
-from dflash.tokenizer import TextStream, find_tokenizer, stop_token_ids
+from dflash.tokenizer import Printer, find_tokenizer, stop_token_ids
 from dflash.tree import DraftTree, build_tree, path_slots, verify_inputs, walk
 
 WEIGHTS = Path(__file__).parent / "weights"
@@ -446,19 +446,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-class Printer:
-    """Streams committed tokens as text (as ids without a tokenizer); on a terminal, accepted drafts are green."""
-
-    def __init__(self, tokenizer, colour: bool, out=None):
-        self.text = TextStream(tokenizer) if tokenizer is not None else None
-        self.colour, self.out = colour, out or sys.stdout
-
-    def __call__(self, token: int, drafted: bool) -> None:
-        piece = self.text.push(token) if self.text is not None else f"{token} "
-        self.out.write(f"\033[32m{piece}\033[0m" if self.colour and drafted and piece else piece)
-        self.out.flush()
-
-
 def check_options(args) -> Prompt:
     """The prompt the options give; options that contradict each other, or one the run would ignore, are refused
     before any model is loaded."""
@@ -531,18 +518,11 @@ def run(args) -> int:
     for name, result in results.items():
         print(f"{name}: {result.new_tokens} new tokens in {result.seconds:.2f} s, {result.tokens_per_second:.1f} "
               "tokens/s" + ("" if name == "baseline" else f", {result.steps} steps, tau {result.mean_acceptance:.2f}"
-                            f"{past_the_end(result)}, acceptance histogram (1..{block_size}) "
+                            f"{result.past_the_end_note()}, acceptance histogram (1..{block_size}) "
                             f"{result.histogram(block_size)}"), file=sys.stderr)
     if args.compare:
         print(f"speedup: {speedup:.2f}x", file=sys.stderr)
     return 0
-
-
-def past_the_end(result: Generation) -> str:
-    """A note for tau when the last step accepted more than the output kept (it ran into --max-new-tokens or a
-    stop token): tau counts that step whole, as the step happened, so it is above tokens per step."""
-    cut = sum(result.acceptance_lengths) - (result.new_tokens - 1)  # the prefill's token is no step's
-    return f" (with {cut} accepted tokens past the end of the output)" if cut > 0 else ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,18 +4,18 @@ The data is the target's own answers (`make_data.py`); the frozen target reads e
 after `target_layer_ids` are the drafter's context. Each step draws anchors a in the answers: the block [x_a, MASK,
 ..., MASK] at a..a+B-1 is what the drafter sees once x_a is verified; all blocks run in one forward, each seeing the
 context before its anchor and itself (`AnchoredBlocks`). Slot k predicts x_{a+k} through the target's LM head,
-weighted exp(-(k-1)/gamma) as a draft counts up to its first miss. torchrun runs the loop data-parallel."""
+weighted exp(-(k-1)/gamma) as a draft counts up to its first miss. A step's loss is the mean over its global batch
+(processes x micro-batches x sequences): torchrun and --grad-accum train the drafter one process trains."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import signal
 import sys
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -30,10 +30,11 @@ from dflash.prompts import PROMPT_FORMAT, check_no_mask_token, check_request
 from dflash.qwen3 import Qwen3, Qwen3Config, masked
 from dflash.tokenizer import find_tokenizer, stop_token_ids
 from dflash.train_kernels import AnchoredBlocks, chunked_lm_head_loss
-from dflash.training import (Distributed, batch_indices, cosine_with_warmup, distributed_run, estimated_tau,
-                             forget_log_after, freeze, init_weights as init_drafter, load_training_state,
-                             optimizer_step, prepare_run_folder, refuse_changes, restore_snapshot, save_training_state,
-                             snapshot, steps_per_epoch, stop_on_signals, unwrap, wrap_for_training)
+from dflash.training import (LOG_FILE, STATE_FILE, Distributed, LogTally, anchor_generator, apply_gradients,
+                             cosine_with_warmup, distributed_run, estimated_tau, freeze, global_batch_items,
+                             gradient_sync, init_weights as init_drafter, prepare_run_folder, resume,
+                             save_checkpoint, share_of_batch, steps_per_epoch, stop_on_signals, unwrap,
+                             wrap_for_training, write_log)
 from generate import generate_dflash
 from make_data import collate, encode_prompts, load_sequences
 
@@ -57,9 +58,11 @@ def sample_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.G
     return valid[picks.to(valid.device)].sort().values
 
 
-def batch_anchors(loss_mask: torch.Tensor, num_anchors: int, generator: torch.Generator):
-    """Anchors for every row, padded to the batch's largest count: (batch, K) positions and (batch, K) is-real."""
-    per_row = [sample_anchors(row.cpu(), num_anchors, generator) for row in loss_mask]
+def batch_anchors(loss_mask: torch.Tensor, num_anchors: int, generators: Sequence[torch.Generator]):
+    """Anchors for every row, row i's drawn by `generators[i]`, padded to the batch's largest count: (batch, K)
+    positions and (batch, K) is-real."""
+    per_row = [sample_anchors(row.cpu(), num_anchors, generator) for row, generator in zip(loss_mask, generators,
+                                                                                            strict=True)]
     anchors = pad_sequence(per_row, batch_first=True)  # (batch, K); padding blocks sit at 0
     real = pad_sequence([torch.ones(len(a), dtype=torch.bool) for a in per_row], batch_first=True)  # (batch, K)
     return anchors.to(loss_mask.device), real.to(loss_mask.device)
@@ -105,11 +108,45 @@ def slot_weights(block_size: int, gamma: float) -> torch.Tensor:
     return weights
 
 
+def label_weights(labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """Each block slot's weight in the loss: w_k where slot k has a label, 0 where not: (batch, K*B)."""
+    slots = torch.arange(labels.shape[1], device=labels.device) % len(weights)  # (K*B,): k of every slot
+    return torch.where(labels != IGNORE, weights.to(labels.device)[slots], 0.0)
+
+
+class MicroBatch(NamedTuple):
+    """Sequences and the blocks drawn in them: what one forward of the drafter trains on."""
+    input_ids: torch.Tensor  # (batch, S)
+    loss_mask: torch.Tensor  # (batch, S): 1 on the answer's tokens
+    anchors: torch.Tensor  # (batch, K): where each block starts
+    real: torch.Tensor  # (batch, K): False for the padding blocks of rows with fewer anchors
+
+
+def micro_batches(sequences: list, step: int, global_batch: int, cfg: TrainConfig,
+                  place: Distributed) -> list[MicroBatch]:
+    """This process's micro-batches of `step`, anchored. Which sequences a step trains on, and where their blocks
+    start, depend on the global batch (its size, the seed, the step), not on how the processes share it out."""
+    epoch, items = global_batch_items(len(sequences), global_batch, step, cfg.seed)
+    batches = []
+    for indices in share_of_batch(items, place, cfg.grad_accum):
+        input_ids, loss_mask = collate([sequences[i] for i in indices], place.device)  # (batch, S) each
+        generators = [anchor_generator(cfg.seed, epoch, i) for i in indices]
+        batches.append(MicroBatch(input_ids, loss_mask, *batch_anchors(loss_mask, cfg.num_anchors, generators)))
+    return batches
+
+
+def step_weight(batches: list[MicroBatch], weights: torch.Tensor, place: Distributed) -> torch.Tensor:
+    """The weight of every labelled slot of a step, over its micro-batches and all processes: dividing by it makes
+    each micro-batch's loss its share of the step's weighted mean. Known from the data before any forward pass."""
+    return place.sum(sum(label_weights(block_labels(*batch, len(weights)), weights).sum() for batch in batches))
+
+
 def drafter_loss(target: Qwen3, drafter: nn.Module, input_ids: torch.Tensor, loss_mask: torch.Tensor,
-                 anchors: torch.Tensor, real: torch.Tensor, config: DrafterConfig, weights: torch.Tensor,
-                 loss_chunk_size: int = 512, dense_attention: bool = False):
-    """Weighted cross-entropy of every block slot, and (correct, counted) per slot (B,) for the logs. `dense_attention`
-    and `loss_chunk_size` 0 take the dense ways, the references the fast ones are tested against."""
+                 anchors: torch.Tensor, real: torch.Tensor, *, config: DrafterConfig, weights: torch.Tensor,
+                 weight_total: torch.Tensor | None = None, loss_chunk_size: int = 512, dense_attention: bool = False):
+    """Weighted cross-entropy of every block slot over `weight_total` (default: these slots' weight, a mean), and
+    (correct, counted) per slot (B,) for the logs. `dense_attention` and `loss_chunk_size` 0 take the dense ways,
+    the references the fast ones are tested against."""
     block_size = config.block_size
     with torch.no_grad():  # the frozen target: its features are an input, not part of the graph
         _, features = target(input_ids, capture_layers=config.target_layer_ids,  # (batch, S, layers * hidden)
@@ -122,10 +159,11 @@ def drafter_loss(target: Qwen3, drafter: nn.Module, input_ids: torch.Tensor, los
                      block_positions(anchors, block_size), attend=attend)  # (batch, K*B, hidden)
     labels = block_labels(input_ids, loss_mask, anchors, real, block_size)  # (batch, K*B)
     scored = labels != IGNORE
+    slot_weight = label_weights(labels, weights)[scored]  # (N,)
+    total = slot_weight.sum() if weight_total is None else weight_total
+    loss, hits = chunked_lm_head_loss(hidden[scored], target.head_weight, labels[scored], slot_weight / total,
+                                      loss_chunk_size)  # labelled slots only
     slots = (torch.arange(labels.shape[1], device=labels.device) % block_size).expand_as(labels)[scored]  # (N,)
-    slot_weight = weights.to(hidden.device)[slots]  # (N,)
-    loss, hits = chunked_lm_head_loss(hidden[scored], target.head_weight, labels[scored],  # labelled slots only
-                                      slot_weight / slot_weight.sum(), loss_chunk_size)  # weights sum to 1: a mean
     correct = torch.bincount(slots, weights=hits.float(), minlength=block_size)  # (B,)
     return loss, correct, torch.bincount(slots, minlength=block_size).float()
 
@@ -177,27 +215,27 @@ def starting_drafter(cfg: TrainConfig, target: Qwen3, tokenizer) -> Drafter:
     return drafter
 
 
-def evaluate_tau(target: Qwen3, drafter: Drafter, prompts: list[list[int]], max_new_tokens: int, block_size: int,
-                 stop_ids: Sequence[int], first_token_choices: Sequence | None = None) -> tuple[float, float]:
-    """Real speculative decoding, greedy: (tokens committed, verification steps) over the prompts; tau = their ratio.
-    The drafter runs in the target's dtype, as in use; `first_token_choices[i]` heals prompt i's first token."""
+def evaluate_tau(target: Qwen3, drafter: Drafter, prompts: list, max_new_tokens: int, stop_ids: Sequence[int],
+                 place: Distributed = Distributed()) -> float | None:
+    """tau by real speculative decoding, greedy: tokens committed per verification step over the prompts, (ids,
+    the first token's choices or None) each, and those of every process (a collective call). The drafter runs in
+    the target's dtype, as in use."""
     copy = Drafter(drafter.config).to(target.embed_tokens.weight).eval()  # its device and dtype
     copy.load_state_dict(drafter.state_dict())  # cast to the target's dtype
-    generations = [generate_dflash(target, copy, prompt, max_new_tokens, block_size=block_size, stop_ids=stop_ids,
-                                   first_token_choices=choices)
-                   for prompt, choices in zip(prompts, first_token_choices or [None] * len(prompts))]
-    tokens = sum(sum(generation.acceptance_lengths) for generation in generations)
-    return float(tokens), float(sum(generation.steps for generation in generations))
+    generations = [generate_dflash(target, copy, ids, max_new_tokens, block_size=drafter.config.block_size,
+                                   stop_ids=stop_ids, first_token_choices=choices) for ids, choices in prompts]
+    totals = [sum(sum(generation.acceptance_lengths) for generation in generations),
+              sum(generation.steps for generation in generations)]
+    tokens, verifications = place.sum(torch.tensor(totals, dtype=torch.float64, device=place.device)).tolist()
+    return tokens / verifications if verifications else None
 
 
 def train(cfg: TrainConfig, place: Distributed) -> dict:
-    """Train (or resume) this process's share; return the last log record. When due: log, checkpoint, then evaluate
-    (a failing evaluation never loses the run). Ctrl-C or SIGTERM ends the step, saves, and sets `stopped_by`."""
+    """Train (or resume) this process's share; return the last log record. When due: checkpoint, then log (with an
+    evaluation: a failing one never loses the run). Ctrl-C or SIGTERM ends the step, saves, and sets `stopped_by`."""
     out, device = Path(cfg.out), place.device
-    state_path, log_path = out / "training_state.pt", out / "train_log.jsonl"
     if place.main:
-        prepare_run_folder(out, cfg.resume, cfg.force,
-                           outputs=(log_path.name, state_path.name, "model.safetensors", "config.json"))
+        prepare_run_folder(out, cfg.resume, cfg.force, outputs=(LOG_FILE, STATE_FILE, "model.safetensors", "config.json"))
     target = freeze(Qwen3.from_pretrained(cfg.target, device=device, dtype=pick_dtype(cfg.dtype, device)))
     tokenizer_folder = Path(cfg.tokenizer or cfg.target)
     tokenizer = find_tokenizer(tokenizer_folder, required=cfg.tokenizer is not None)
@@ -206,8 +244,9 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
     config = drafter.config
     sequences = load_sequences(Path(cfg.data), cfg.max_seq_len, target.config.vocab_size)
     # This process's share of the held-out prompts, rendered (and healed) as make_data.py renders its own.
-    prompts = encode_prompts(Path(cfg.eval_prompts), tokenizer, None, False, not cfg.no_token_healing,
-                             target.config.vocab_size)[place.rank::place.world] if cfg.eval_prompts else []
+    prompts = encode_prompts(Path(cfg.eval_prompts), tokenizer, chat=None, thinking=False,
+                             token_healing=not cfg.no_token_healing, vocab_size=target.config.vocab_size,
+                             )[place.rank::place.world] if cfg.eval_prompts else []
     for index, (ids, _) in enumerate(prompts):  # what the evaluation after training would refuse, refused now
         where = f"{cfg.eval_prompts}: prompt {place.rank + index * place.world + 1}"
         check_request(target, drafter, ids, cfg.eval_max_new_tokens, block_size=config.block_size, where=where)
@@ -215,43 +254,37 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
     drafter.recompute_layers = not cfg.keep_activations
     model = wrap_for_training(drafter.to(device).train(), place, cfg.fsdp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    total_steps = cfg.steps or cfg.epochs * steps_per_epoch(len(sequences), cfg.batch_size, place.world)
+    global_batch = cfg.batch_size * place.world * cfg.grad_accum  # sequences per optimizer step
+    total_steps = cfg.steps or cfg.epochs * steps_per_epoch(len(sequences), global_batch)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: cosine_with_warmup(step, total_steps, cfg.warmup))
-    anchor_generator = torch.Generator().manual_seed(cfg.seed * 7919 + place.rank)
     weights = slot_weights(config.block_size, cfg.gamma or gamma_for_block_size(config.block_size))
     run = {"target_config": asdict(target.config), "train_config": vars(cfg), "drafter_config": config.to_dict()}
     step, elapsed_before = 0, 0.0
-    if cfg.resume:  # the same target, options and drafter (a default or the tokenizer may change the drafter too)
-        state = load_training_state(state_path)
-        refuse_changes(state["target_config"], run["target_config"], f"{state_path}: trained for another target:")
-        refuse_changes(state["train_config"], run["train_config"], "--resume: the option", MAY_CHANGE_ON_RESUME)
-        refuse_changes(state["drafter_config"], run["drafter_config"], "--resume: the drafter's")
-        restore_snapshot(state, model, optimizer, scheduler, place, cfg.fsdp, anchors=anchor_generator)
-        step, elapsed_before = state["step"], state["elapsed"]
-        if cfg.stop_at is not None and cfg.stop_at < step:
-            raise UsageError(f"--stop-at {cfg.stop_at}: the run in {out} is already at step {step}")
-        if place.main:
-            forget_log_after(log_path, step)
+    if cfg.resume:
+        step, elapsed_before = resume(out, run, model, optimizer, scheduler, place, may_change=MAY_CHANGE_ON_RESUME)
 
     began = last_save = time.perf_counter()
-    sums = torch.zeros(3, config.block_size, device=device)  # since the last log line: loss at [0, 0], hits, counts
+    tally = LogTally.zeros(config.block_size, device)  # since the last log line
     last_step = min(total_steps, cfg.stop_at or total_steps)  # --stop-at ends this job early
-    logged_at, tokens_seen, record, signaled, stopping = step, 0, {}, False, step >= last_step
+    tokens_seen, record, signaled, stopping = 0, {}, False, step >= last_step
     with stop_on_signals() as stop, tqdm(total=total_steps, initial=step, disable=not place.main, unit="step") as bar:
         while not stopping:
-            batch = [sequences[i] for i in batch_indices(len(sequences), cfg.batch_size, step, cfg.seed, place)]
-            input_ids, loss_mask = collate(batch, device)  # (batch, S) each
-            anchors, real = batch_anchors(loss_mask, cfg.num_anchors, anchor_generator)  # (batch, K) each
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
-                loss, correct, counted = drafter_loss(target, model, input_ids, loss_mask, anchors, real, config,
-                                                      weights, cfg.loss_chunk_size, cfg.dense_attention)
-            gradient_norm = optimizer_step(loss, model, optimizer, cfg.grad_clip)
+            batches = micro_batches(sequences, step, global_batch, cfg, place)
+            weight_total = step_weight(batches, weights, place)
+            for number, batch in enumerate(batches, start=1):
+                with gradient_sync(model, enabled=number == len(batches)):  # reduce once, the sum of them all
+                    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
+                        loss, correct, counted = drafter_loss(
+                            target, model, *batch, config=config, weights=weights, weight_total=weight_total,
+                            loss_chunk_size=cfg.loss_chunk_size, dense_attention=cfg.dense_attention)
+                    (loss * place.world).backward()  # DDP and FSDP average the processes' gradients: we want the sum
+                tally.add(loss, correct, counted)
+                tokens_seen += batch.input_ids.numel()
+            gradient_norm = apply_gradients(model, optimizer, cfg.grad_clip)
+            tally.end_step(gradient_norm)
             scheduler.step()
             step += 1
-            tokens_seen += sum(len(ids) for ids, _ in batch)
-            sums[0, 0] += loss.detach()
-            sums[1:] += torch.stack([correct, counted])  # (2, B)
             bar.update(1)
 
             seconds = time.perf_counter() - began
@@ -265,35 +298,18 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
             stopping = step >= last_step or out_of_time or signaled
             evaluating = bool(cfg.eval_prompts) and not signaled and (
                 step == total_steps or (cfg.eval_every > 0 and step % cfg.eval_every == 0))
-            logging = step % cfg.log_every == 0 or stopping or evaluating
-            if logging:
-                place.sum(sums)  # (3, B), pooled over all processes in place: loss at [0, 0], hits, labelled slots
-                accuracy = [round(a, 4) for a in (sums[1, 1:] / sums[2, 1:].clamp(min=1)).tolist()]
-                record = {"step": step, "loss": sums[0, 0].item() / place.world / (step - logged_at),
-                          "slot_accuracy": accuracy, "tau_estimate": round(estimated_tau(sums[1], sums[2]), 4),
-                          "lr": scheduler.get_last_lr()[0], "elapsed": round(elapsed_before + seconds, 2)}
-                sums.zero_()
-                logged_at = step
             if stopping or save_by_clock or (cfg.save_every > 0 and step % cfg.save_every == 0):
-                state = snapshot(model, optimizer, scheduler, place, cfg.fsdp, anchors=anchor_generator)
+                save_checkpoint(out, model, optimizer, scheduler, place,
+                                {**run, "step": step, "elapsed": elapsed_before + seconds})
                 last_save = time.perf_counter()
-                if place.main:  # the weights twice: a crash between the writes never pairs two steps' states
-                    release = Drafter(config)
-                    release.load_state_dict(state["model"])
-                    release.save_pretrained(out)
-                    save_training_state(state_path, {**state, **run, "step": step, "elapsed": elapsed_before + seconds})
-            if evaluating:
-                totals = evaluate_tau(target, unwrap(model), [ids for ids, _ in prompts], cfg.eval_max_new_tokens,
-                                      config.block_size, stop_ids, [choices for _, choices in prompts])
-                tokens, verifications = place.sum(torch.tensor(totals, device=device)).tolist()
-                record["eval_tau"] = tokens / verifications if verifications else None
-            if logging and place.main:
-                with open(log_path, "a") as log:
-                    log.write(json.dumps(record) + "\n")
-                shown = {"loss": f"{record['loss']:.3f}", "acc1": f"{accuracy[0]:.2f}",
-                         "acc_mean": f"{sum(accuracy) / len(accuracy):.2f}", "tau~": f"{record['tau_estimate']:.2f}",
-                         "tok/s": f"{place.world * tokens_seen / max(seconds, 1e-9):.0f}"}
-                bar.set_postfix({**shown, "eval_tau": f"{record['eval_tau']:.2f}"} if record.get("eval_tau") else shown)
+            if step % cfg.log_every == 0 or stopping or evaluating:
+                record = {"step": step, "sequences": step * global_batch, **tally.pooled(place),
+                          "lr": scheduler.get_last_lr()[0], "elapsed": round(elapsed_before + seconds, 2)}
+                if evaluating:
+                    record["eval_tau"] = evaluate_tau(target, unwrap(model), prompts, cfg.eval_max_new_tokens,
+                                                    stop_ids, place)
+                if place.main:
+                    write_log(out / LOG_FILE, record, bar, place.world * tokens_seen / max(seconds, 1e-9))
     if signaled:
         record["stopped_by"] = stop.name or "SIGTERM"  # another process's signal: a scheduler's, as a rule
     return record
@@ -326,7 +342,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--num-kv-heads", type=positive_int, help="drafter key/value heads (default: the target's)")
     add("--head-dim", type=positive_int, help="drafter head width (default: the target's)")
     add("--num-anchors", type=positive_int, default=512, help="blocks per sequence per step, at most one per anchor")
-    add("--batch-size", type=positive_int, default=4, help="sequences per step and per process")
+    add("--batch-size", type=positive_int, default=4, help="sequences per forward pass and per process")
+    add("--grad-accum", type=positive_int, default=1, help="forward passes per optimizer step: a step trains on "
+                                                           "batch-size x processes x grad-accum sequences")
     add("--max-seq-len", type=positive_int, default=3072, help="longer sequences are cut")
     add("--lr", type=positive, default=6e-4, help="peak learning rate (AdamW)")
     add("--warmup", type=checked(float, "in [0, 1]", lambda x: 0 <= x <= 1), default=0.04,
@@ -375,11 +393,12 @@ def train_from_args(args: argparse.Namespace) -> int:
         raise UsageError("--eval-prompts is not supported with --fsdp (evaluate the saved drafter with generate.py)")
     with distributed_run(args.device) as place:
         record = train(TrainConfig(**vars(args)), place)
-    if "stopped_by" in record:
+    if "stopped_by" not in record:
+        return 0
+    if place.main:  # one line, however many processes
         print(f"stopped by {record['stopped_by']} at step {record['step']}: checkpoint saved in {args.out}; "
               f"to continue, run the same command with --resume", file=sys.stderr)
-        return 128 + signal.Signals[record["stopped_by"]].value
-    return 0
+    return 128 + signal.Signals[record["stopped_by"]].value
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -75,7 +75,10 @@ def target_config(shape: str) -> Qwen3Config:
 def projected_peak_bytes(shape: str, batch: int, seq_len: int, anchors: int, block_size: int,
                          drafter_layers: int, loss_chunk_size: int, activation_bytes: int = 2,
                          target_bytes: int = 2, recompute: bool = True) -> dict[str, float]:
-    """Peak memory of one fast-path training step, per process, itemised (bytes).
+    """Peak memory of one fast-path training step, per process, itemised (bytes). `batch` is train.py's
+    --batch-size, the sequences of one forward pass: with --grad-accum N a step runs N such passes before its
+    update, at the same peak (each pass's activations are freed by its backward; the gradients, counted once,
+    accumulate in place), and a step's global batch is batch x processes x N sequences.
 
     Counted from what the code keeps alive at the peak (the start of the backward pass):
     - the frozen target's weights, in its dtype;
@@ -119,7 +122,8 @@ def projected_peak_bytes(shape: str, batch: int, seq_len: int, anchors: int, blo
 def print_projection(batches: tuple[int, ...] = (1, 2, 4)) -> None:
     """The formula at the paper's settings, for the two target sizes the paper trains drafters for."""
     settings = {k: v for k, v in PAPER.items() if k != "batch"}
-    print(f"projected peak per GPU, fast path, paper settings {settings} (bf16 target and activations):")
+    print(f"projected peak per GPU, fast path, paper settings {settings} (bf16 target and activations; batch:\n"
+          f"sequences per forward pass, --batch-size; --grad-accum adds passes per step, not memory):")
     for shape in ("qwen3-4b", "qwen3-8b"):
         for batch in batches:
             parts = projected_peak_bytes(shape, batch=batch, **settings)
@@ -153,11 +157,12 @@ def measure_one(args: argparse.Namespace) -> dict:
         if step == 1:
             reset_peak_memory(device)  # the peak is now what the process holds
             before = peak_memory(device)
-        anchors, real = train.batch_anchors(loss_mask, args.anchors, generator)
+        anchors, real = train.batch_anchors(loss_mask, args.anchors, [generator] * args.batch)
         started = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            loss, _, _ = train.drafter_loss(target, drafter, input_ids, loss_mask, anchors, real, config, weights,
-                                            0 if dense else args.loss_chunk_size, dense)
+            loss, _, _ = train.drafter_loss(target, drafter, input_ids, loss_mask, anchors, real, config=config,
+                                            weights=weights, loss_chunk_size=0 if dense else args.loss_chunk_size,
+                                            dense_attention=dense)
         optimizer_step(loss, drafter, optimizer, grad_clip=1.0)
         if device.type == "cuda":
             torch.cuda.synchronize()

@@ -230,10 +230,15 @@ def save(folder, model: nn.Module, name_map: dict[str, str] | None, config: dict
          dtype: torch.dtype | None = None) -> None:
     """Write `model.safetensors` and `config.json` (with the tensors' dtype), atomically; `name_map` None: ours."""
     name_map = name_map or {name: name for name, _ in model.named_parameters()}
+    save_tensors(folder, {official: model.get_parameter(ours).detach().to(dtype=dtype)  # dtype None: as is
+                          for official, ours in name_map.items()}, config)
+
+
+def save_tensors(folder, tensors: dict[str, torch.Tensor], config: dict) -> None:
+    """`save` from the tensors themselves (a state dict gathered from many processes, say), with no model."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tensors = {official: model.get_parameter(ours).detach().to(dtype=dtype).contiguous().cpu()  # dtype None: as is
-               for official, ours in name_map.items()}
+    tensors = {name: tensor.contiguous().cpu() for name, tensor in tensors.items()}
     dtype_name = str(next(iter(tensors.values())).dtype).removeprefix("torch.")
     write_atomically(folder / "model.safetensors", lambda tmp: save_file(tensors, tmp, metadata={"format": "pt"}))
     write_json_atomically(folder / "config.json", {**config, "dtype": dtype_name, "torch_dtype": dtype_name})

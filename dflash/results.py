@@ -42,6 +42,12 @@ class Generation:
     def histogram(self, block_size: int) -> list[int]:
         return acceptance_histogram(self.acceptance_lengths, block_size)
 
+    def past_the_end_note(self) -> str:
+        """A note for tau when the last step accepted more than the output kept (it ran into the token limit or a
+        stop token): tau counts that step whole, as the step happened, so it is above tokens per step."""
+        cut = sum(self.acceptance_lengths) - (self.new_tokens - 1)  # the prefill's token is no step's
+        return f" (with {cut} accepted tokens past the end of the output)" if cut > 0 else ""
+
 
 def synchronize(device: torch.device) -> None:
     """Wait for queued GPU work, so the clock measures the work and not its launch."""

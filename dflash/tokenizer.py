@@ -5,6 +5,7 @@ from __future__ import annotations
 import bisect
 import gzip
 import lzma
+import sys
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
@@ -191,3 +192,16 @@ def find_tokenizer(folder: str | Path, required: bool = False) -> Tokenizer | No
 def stop_token_ids(folder: str | Path, tokenizer: Tokenizer | None) -> list[int]:
     """Ids that end a reply: the tokenizer's, or without one those `generation_config.json` lists."""
     return list(tokenizer.stop_token_ids if tokenizer is not None else find_stop_token_ids(folder, None))
+
+
+class Printer:
+    """Streams committed tokens as text (as ids without a tokenizer); on a terminal, accepted drafts are green."""
+
+    def __init__(self, tokenizer, colour: bool, out=None):
+        self.text = TextStream(tokenizer) if tokenizer is not None else None
+        self.colour, self.out = colour, out or sys.stdout
+
+    def __call__(self, token: int, drafted: bool) -> None:
+        piece = self.text.push(token) if self.text is not None else f"{token} "
+        self.out.write(f"\033[32m{piece}\033[0m" if self.colour and drafted and piece else piece)
+        self.out.flush()

@@ -1,8 +1,10 @@
 """What a training loop needs around its recipe, for `train.py` and the demo target's trainer; it imports no model:
-Qwen3's initialisation, a place in a torchrun job, DDP or FSDP2, an exact resume (atomic writes; Ctrl-C saves first)."""
+Qwen3's initialisation, a place in a torchrun job, a global batch shared out over processes (DDP or FSDP2) and
+micro-batches, the log, an exact resume (atomic writes; Ctrl-C saves first)."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import signal
@@ -13,12 +15,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from dflash.checkpoint import parse_json, read_text, remove_partial_writes, write_atomically
+from dflash.checkpoint import parse_json, read_text, remove_partial_writes, save_tensors, write_atomically
 from dflash.cli import UsageError, check_output, pick_device
+
+STATE_FILE, LOG_FILE = "training_state.pt", "train_log.jsonl"  # in a run's folder, beside the drafter it trains
 
 
 @dataclass
@@ -65,17 +70,32 @@ def distributed_run(device_name: str) -> Iterator[Distributed]:
         dist.destroy_process_group()
 
 
-def steps_per_epoch(num_items: int, batch_size: int, world: int) -> int:
-    """Steps to see every item once, each process taking `batch_size` of its share a step."""
-    return math.ceil(math.ceil(num_items / world) / batch_size)
+def steps_per_epoch(num_items: int, global_batch: int) -> int:
+    """Steps to see every item once, `global_batch` items a step (the last step of an epoch filled from its start)."""
+    return math.ceil(num_items / global_batch)
 
 
-def batch_indices(num_items: int, batch_size: int, step: int, seed: int, place: Distributed) -> list[int]:
-    """This process's items for `step`, as DistributedSampler: each epoch shuffled anew, padded by wrapping, strided."""
-    epoch, index = divmod(step, steps_per_epoch(num_items, batch_size, place.world))
+def global_batch_items(num_items: int, global_batch: int, step: int, seed: int) -> tuple[int, list[int]]:
+    """(epoch, the items of `step`): each epoch shuffled anew and cut into global batches, the last one filled by
+    wrapping to the epoch's start. Only the global batch's size decides them, not how processes share it."""
+    epoch, index = divmod(step, steps_per_epoch(num_items, global_batch))
     order = torch.randperm(num_items, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
-    order += order[: (-len(order)) % place.world]  # every process gets the same number of items
-    return order[place.rank::place.world][index * batch_size:(index + 1) * batch_size]
+    return epoch, [order[position % num_items] for position in range(index * global_batch, (index + 1) * global_batch)]
+
+
+def share_of_batch(items: list[int], place: Distributed, micro_batches: int) -> list[list[int]]:
+    """This process's part of a global batch, every `world`-th item as DistributedSampler strides, cut into
+    `micro_batches` equal micro-batches (the global batch is processes x micro-batches x the batch size)."""
+    mine = items[place.rank::place.world]
+    size = len(mine) // micro_batches
+    return [mine[number * size:(number + 1) * size] for number in range(micro_batches)]
+
+
+def anchor_generator(seed: int, epoch: int, index: int) -> torch.Generator:
+    """What draws sequence `index`'s anchors in `epoch`: the same whichever process, micro-batch or row the sequence
+    lands in, so how a step is shared out never changes what it computes."""
+    state = np.random.SeedSequence([seed % 2**64, epoch, index]).generate_state(1, np.uint64)[0]  # mixes all three
+    return torch.Generator().manual_seed(int(state))
 
 
 def wrap_for_training(model: nn.Module, place: Distributed, fsdp: bool) -> nn.Module:
@@ -114,7 +134,7 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
-def snapshot(model: nn.Module, optimizer, scheduler, place: Distributed, fsdp: bool, **generators) -> dict:
+def snapshot(model: nn.Module, optimizer, scheduler, place: Distributed, fsdp: bool) -> dict:
     """All a resume needs as plain (unsharded, CPU) tensors and containers, the same however many processes
     wrote it: weights, optimizer, schedule, and every process's random states. A collective call."""
     if fsdp:
@@ -125,16 +145,14 @@ def snapshot(model: nn.Module, optimizer, scheduler, place: Distributed, fsdp: b
     else:
         weights = {name: tensor.detach().cpu() for name, tensor in unwrap(model).state_dict().items()}
         optimizer_state = optimizer.state_dict()
-    rng = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-           **{name: generator.get_state() for name, generator in generators.items()}}
+    rng = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
     rngs = [rng] * place.world  # every process's, in rank order
     if place.world > 1:
         dist.all_gather_object(rngs, rng)
     return {"model": weights, "optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "rng": rngs}
 
 
-def restore_snapshot(state: dict, model: nn.Module, optimizer, scheduler, place: Distributed, fsdp: bool,
-                     **generators) -> None:
+def restore_snapshot(state: dict, model: nn.Module, optimizer, scheduler, place: Distributed, fsdp: bool) -> None:
     """The inverse of `snapshot`: every process loads the full states (FSDP keeps its shard) and its own rng."""
     if len(state["rng"]) != place.world:
         raise UsageError(f"--resume: the run used {len(state['rng'])} process(es), this one {place.world} "
@@ -152,8 +170,34 @@ def restore_snapshot(state: dict, model: nn.Module, optimizer, scheduler, place:
     torch.set_rng_state(rng["torch"])
     if rng["cuda"]:
         torch.cuda.set_rng_state_all(rng["cuda"])
-    for name, generator in generators.items():
-        generator.set_state(rng[name])
+
+
+def save_checkpoint(out: Path, model: nn.Module, optimizer, scheduler, place: Distributed, run: dict) -> None:
+    """Into `out`: the trained model (`config.json` + `model.safetensors`, as `from_pretrained` reads them) and all a
+    resume needs (`run`: the configs, the step, the time). The weights go twice: a crash between the two writes
+    never pairs two steps' states. A collective call; the main process writes."""
+    state = snapshot(model, optimizer, scheduler, place, run["train_config"]["fsdp"])
+    if place.main:
+        save_tensors(out, state["model"], run["drafter_config"])
+        save_training_state(out / STATE_FILE, {**state, **run})
+
+
+def resume(out: Path, run: dict, model: nn.Module, optimizer, scheduler, place: Distributed, *,
+           may_change: tuple[str, ...]) -> tuple[int, float]:
+    """Continue the run saved in `out` exactly, from its training state: (step, seconds trained). The target, the
+    options but `may_change`, and the drafter (a default or the tokenizer may change it) must be the saved ones."""
+    state_path = out / STATE_FILE
+    state = load_training_state(state_path)
+    stop_at = run["train_config"].get("stop_at")
+    if stop_at is not None and stop_at < state["step"]:
+        raise UsageError(f"--stop-at {stop_at}: the run in {out} is already at step {state['step']}")
+    refuse_changes(state["target_config"], run["target_config"], f"{state_path}: trained for another target:")
+    refuse_changes(state["train_config"], run["train_config"], "--resume: the option", may_change)
+    refuse_changes(state["drafter_config"], run["drafter_config"], "--resume: the drafter's")
+    restore_snapshot(state, model, optimizer, scheduler, place, run["train_config"]["fsdp"])
+    if place.main:
+        forget_log_after(out / LOG_FILE, state["step"])  # its steps after the state are about to be redone
+    return state["step"], state["elapsed"]
 
 
 def prepare_run_folder(out: Path, resume: bool, force: bool, outputs: tuple[str, ...]) -> None:
@@ -214,12 +258,16 @@ def logged_step(record, where: str) -> int:
 @contextmanager
 def stop_on_signals() -> Iterator[types.SimpleNamespace]:
     """Within the block, Ctrl-C or SIGTERM only sets `.name` ("SIGINT"): the loop ends its step and saves, so a
-    checkpoint is never cut in half. A second one acts at once; the previous handlers come back after."""
+    checkpoint is never cut in half. A second one acts at once, but not under torchrun: it passes on the signal
+    its process group already got (and kills its processes itself if they are slow to end). The previous
+    handlers come back after."""
     stop = types.SimpleNamespace(name="")
+    second_acts = "LOCAL_RANK" not in os.environ  # torchrun sets it
 
     def handle(signum, frame) -> None:
         stop.name = signal.Signals(signum).name
-        signal.signal(signum, signal.SIG_DFL if signum != signal.SIGINT else signal.default_int_handler)
+        if second_acts:
+            signal.signal(signum, signal.SIG_DFL if signum != signal.SIGINT else signal.default_int_handler)
 
     main_thread = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
     previous = {signum: signal.signal(signum, handle) for signum in (signal.SIGINT, signal.SIGTERM) if main_thread}
@@ -230,15 +278,30 @@ def stop_on_signals() -> Iterator[types.SimpleNamespace]:
             signal.signal(signum, handler)
 
 
-def optimizer_step(loss: torch.Tensor, model: nn.Module, optimizer: torch.optim.Optimizer,
-                   grad_clip: float) -> torch.Tensor:
-    """Backward, clip the gradient norm, update, and clear the gradients for the next step; return the norm before
-    clipping (a 0-d tensor, not synchronised: the caller decides when to look)."""
-    loss.backward()
+@contextmanager
+def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Within the block, DDP all-reduces the gradients only if `enabled`: the micro-batches before a step's last
+    accumulate theirs in place, the last one's backward reduces their sum once. FSDP2 reduce-scatters every
+    micro-batch: each process then only ever holds its shard of the gradient, the memory FSDP is chosen for."""
+    if enabled or not isinstance(model, nn.parallel.DistributedDataParallel):
+        yield
+    else:
+        with model.no_sync():
+            yield
+
+
+def apply_gradients(model: nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float) -> torch.Tensor:
+    """Clip the gradient's norm, update, and clear the gradients for the next step; the norm before clipping."""
     norm = nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a DTensor, the same on every rank
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2's is a DTensor
+
+
+def optimizer_step(loss: torch.Tensor, model: nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float) -> None:
+    """Backward, then `apply_gradients`: one batch, one step."""
+    loss.backward()
+    apply_gradients(model, optimizer, grad_clip)
 
 
 def estimated_tau(correct: torch.Tensor, counted: torch.Tensor) -> float:
@@ -246,6 +309,57 @@ def estimated_tau(correct: torch.Tensor, counted: torch.Tensor) -> float:
     hits as independent and real blocks start right after a miss (tutorial 04, section 7, measures the gap)."""
     accuracy = correct[1:] / counted[1:].clamp(min=1)
     return 1.0 + torch.cumprod(accuracy, dim=0).sum().item()
+
+
+@dataclass
+class LogTally:
+    """What the next log line reports, summed over the steps since the last one."""
+
+    loss: torch.Tensor  # (): each step's loss; a process holds its share, the shares add up to the step's mean
+    correct: torch.Tensor  # (B,): block slots guessed right, per slot
+    counted: torch.Tensor  # (B,): block slots labelled, per slot
+    grad_norm: torch.Tensor  # (): the gradient's norm before clipping, the same in every process
+    steps: int = 0
+
+    @classmethod
+    def zeros(cls, block_size: int, device: torch.device) -> LogTally:
+        return cls(*(torch.zeros(size, device=device) for size in ((), (block_size,), (block_size,), ())))
+
+    def add(self, loss: torch.Tensor, correct: torch.Tensor, counted: torch.Tensor) -> None:
+        """One micro-batch's loss and per-slot counts."""
+        self.loss += loss.detach()
+        self.correct += correct
+        self.counted += counted
+
+    def end_step(self, grad_norm: torch.Tensor) -> None:
+        self.grad_norm += grad_norm.detach()
+        self.steps += 1
+
+    def pooled(self, place: Distributed) -> dict:
+        """The log line's figures, pooled over the processes and averaged over the steps; then start over.
+        A collective call."""
+        block_size = len(self.correct)
+        summed = place.sum(torch.cat([self.loss[None], self.correct, self.counted]))  # (1 + 2B,): one call
+        loss, correct, counted = summed[0], summed[1:1 + block_size], summed[1 + block_size:]
+        accuracy = (correct[1:] / counted[1:].clamp(min=1)).tolist()  # slots 1..B-1
+        record = {"loss": loss.item() / self.steps, "grad_norm": self.grad_norm.item() / self.steps,
+                  "slot_accuracy": [round(a, 4) for a in accuracy],
+                  "tau_estimate": round(estimated_tau(correct, counted), 4)}
+        for tensor in (self.loss, self.correct, self.counted, self.grad_norm):
+            tensor.zero_()
+        self.steps = 0
+        return record
+
+
+def write_log(log_path: Path, record: dict, bar, tokens_per_second: float) -> None:
+    """Append the record to the JSONL log and show its main figures on the progress bar."""
+    with open(log_path, "a") as log:
+        log.write(json.dumps(record) + "\n")
+    accuracy = record["slot_accuracy"]
+    shown = {"loss": f"{record['loss']:.3f}", "acc1": f"{accuracy[0]:.2f}",
+             "acc_mean": f"{sum(accuracy) / len(accuracy):.2f}", "tau~": f"{record['tau_estimate']:.2f}",
+             "tok/s": f"{tokens_per_second:.0f}"}
+    bar.set_postfix({**shown, "eval_tau": f"{record['eval_tau']:.2f}"} if record.get("eval_tau") else shown)
 
 
 def cosine_with_warmup(step: int, total_steps: int, warmup: float) -> float:

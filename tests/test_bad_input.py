@@ -258,8 +258,8 @@ def test_the_mask_token_is_an_ordinary_token_without_a_drafter(capsys):
 def test_tau_of_a_cut_run_says_the_last_step_counted_whole():
     """tau counts a step whole, also when --max-new-tokens cut it: where tau is printed, that is said."""
     cut = Generation(new_ids=[1, 2, 3], acceptance_lengths=[14], seconds=1.0)  # 1 prefill token, a step of 14 kept 2
-    assert generate.past_the_end(cut) == " (with 12 accepted tokens past the end of the output)"
-    assert generate.past_the_end(Generation([1, 2, 3], [2], 1.0)) == ""
+    assert cut.past_the_end_note() == " (with 12 accepted tokens past the end of the output)"
+    assert Generation([1, 2, 3], [2], 1.0).past_the_end_note() == ""
 
 
 def test_bench_ideal_speedup_rests_on_the_tokens_a_step_added_not_tau():

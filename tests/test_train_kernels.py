@@ -135,14 +135,14 @@ def test_drafter_loss_fast_path_equals_dense_path():
     generator = torch.Generator().manual_seed(3)
     ids = torch.randint(0, 500, (2, 30), generator=generator)
     loss_mask = torch.tensor([[0] * 6 + [1] * 24, [0] * 10 + [1] * 16 + [0] * 4])
-    anchors, real = train.batch_anchors(loss_mask, 5, generator)
+    anchors, real = train.batch_anchors(loss_mask, 5, [generator] * 2)
     weights = train.slot_weights(4, 2.0)
     results = []
     for chunk, dense in [(0, True), (7, False)]:
         drafter.zero_grad()
         drafter.recompute_layers = not dense  # the fast path also recomputes each layer in the backward
-        loss, correct, counted = train.drafter_loss(target, drafter, ids, loss_mask, anchors, real, config, weights,
-                                                    loss_chunk_size=chunk, dense_attention=dense)
+        loss, correct, counted = train.drafter_loss(target, drafter, ids, loss_mask, anchors, real, config=config,
+                                                    weights=weights, loss_chunk_size=chunk, dense_attention=dense)
         loss.backward()
         results.append((loss.detach(), correct, counted, [p.grad.clone() for p in drafter.parameters()]))
     (dense_loss, *dense_counts, dense_grads), (loss, *counts, grads) = results
