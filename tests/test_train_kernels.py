@@ -165,13 +165,13 @@ def test_drafter_loss_through_compiled_flex_attention_equals_dense(monkeypatch):
     generator = torch.Generator().manual_seed(5)
     ids = torch.randint(0, 500, (2, 256), generator=generator)
     loss_mask = torch.tensor([[0] * 20 + [1] * 236, [0] * 100 + [1] * 120 + [0] * 36])
-    anchors, real = train.batch_anchors(loss_mask, 30, generator)
+    anchors, real = train.batch_anchors(loss_mask, 30, [generator] * 2)
     weights = train.slot_weights(10, 5.0)
     with torch.no_grad():
-        dense_loss, *_ = train.drafter_loss(target, drafter, ids, loss_mask, anchors, real, config, weights,
-                                            dense_attention=True)
+        dense_loss, *_ = train.drafter_loss(target, drafter, ids, loss_mask, anchors, real, config=config,
+                                            weights=weights, dense_attention=True)
         monkeypatch.setattr(AnchoredBlocks, "attend", AnchoredBlocks.attend_flex)  # what `attend` picks on CUDA
-        loss, *_ = train.drafter_loss(target, drafter, ids, loss_mask, anchors, real, config, weights)
+        loss, *_ = train.drafter_loss(target, drafter, ids, loss_mask, anchors, real, config=config, weights=weights)
     torch.testing.assert_close(loss, dense_loss, atol=1e-6, rtol=1e-6)
 
 
