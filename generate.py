@@ -213,7 +213,8 @@ class ModelRunner:
         if not fixed:
             context_features = context_features[:, :committed]
         context_positions = cache.length + torch.arange(context_features.shape[1], device=offsets.device)
-        context_slots = torch.where(context_positions < start, context_positions, context_positions + len(offsets))
+        context_slots = (torch.where(context_positions < start, context_positions, context_positions + len(offsets))
+                         if fixed else None)  # None: at their positions (eagerly, every row is accepted context)
         self.block_ids[0, 0] = last_token
         self.block_ids[0, 1:] = self.mask_token_id
         run = self.passes["draft"] if fixed else PASSES["draft"]

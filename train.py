@@ -31,7 +31,7 @@ from dflash.qwen3 import Qwen3, Qwen3Config, masked
 from dflash.tokenizer import find_tokenizer, stop_token_ids
 from dflash.train_kernels import AnchoredBlocks, chunked_lm_head_loss
 from dflash.training import (LOG_FILE, STATE_FILE, Distributed, LogTally, anchor_generator, apply_gradients,
-                             cosine_with_warmup, distributed_run, estimated_tau, freeze, global_batch_items,
+                             cosine_with_warmup, distributed_run, freeze, global_batch_items,
                              gradient_sync, init_weights as init_drafter, prepare_run_folder, resume,
                              save_checkpoint, share_of_batch, steps_per_epoch, stop_on_signals, unwrap,
                              wrap_for_training, write_log)

@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 import generate
 import make_data
 import train
+from dflash import training
 from dflash.cli import UsageError
 from dflash.drafter import Drafter, DrafterConfig
 from dflash.prompts import Prompt, encode_for_generation, encode_prompt, read_prompts
@@ -88,7 +89,7 @@ def test_gamma_per_block_size():
 
 def test_tau_estimate():
     correct, counted = torch.tensor([0.0, 5, 5, 0]), torch.tensor([0.0, 10, 10, 10])
-    assert train.estimated_tau(correct, counted) == pytest.approx(1 + 0.5 + 0.25 + 0)
+    assert training.estimated_tau(correct, counted) == pytest.approx(1 + 0.5 + 0.25 + 0)
 
 
 # -------------------------------------------------------------------------- anchors

@@ -124,18 +124,24 @@ def test_flex_block_mask_is_the_same_pattern():
 # ------------------------------------------------------------ the whole training loss
 
 
+def training_batch(*, block_size: int, loss_mask: torch.Tensor, anchors: int, seed: int):
+    """The tiny target, a fresh 2-layer drafter for it, and a batch of random ids shaped like `loss_mask` with its
+    anchors: (target, drafter, config, ids, anchors, real)."""
+    target = train.freeze(Qwen3.from_pretrained(TINY))
+    config = train.build_drafter_config(train.TrainConfig(drafter_layers=2, block_size=block_size), target.config, None)
+    drafter = Drafter(config)
+    train.init_drafter(drafter, 0)
+    generator = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, 500, tuple(loss_mask.shape), generator=generator)
+    chosen, real = train.batch_anchors(loss_mask, anchors, [generator] * loss_mask.shape[0])
+    return target, drafter, config, ids, chosen, real
+
+
 def test_drafter_loss_fast_path_equals_dense_path():
     """train.drafter_loss with the three replacements (block attention, chunked loss, recomputed layers)
     gives the dense path's loss, hit counts and gradients."""
-    target = train.freeze(Qwen3.from_pretrained(TINY))
-    cfg = train.TrainConfig(drafter_layers=2, block_size=4)
-    config = train.build_drafter_config(cfg, target.config, None)
-    drafter = Drafter(config)
-    train.init_drafter(drafter, 0)
-    generator = torch.Generator().manual_seed(3)
-    ids = torch.randint(0, 500, (2, 30), generator=generator)
     loss_mask = torch.tensor([[0] * 6 + [1] * 24, [0] * 10 + [1] * 16 + [0] * 4])
-    anchors, real = train.batch_anchors(loss_mask, 5, [generator] * 2)
+    target, drafter, config, ids, anchors, real = training_batch(block_size=4, loss_mask=loss_mask, anchors=5, seed=3)
     weights = train.slot_weights(4, 2.0)
     results = []
     for chunk, dense in [(0, True), (7, False)]:
@@ -157,15 +163,8 @@ def test_drafter_loss_through_compiled_flex_attention_equals_dense(monkeypatch):
     """The training forward as a GPU runs it, every drafter layer through `attend_flex` (one block mask shared),
     compiled by inductor on the CPU (static shapes, forward only: see the FlexAttention tests above), gives the dense
     path's loss: blocks of 10 over 3 query tiles, context 256."""
-    target = train.freeze(Qwen3.from_pretrained(TINY))
-    cfg = train.TrainConfig(drafter_layers=2, block_size=10)
-    config = train.build_drafter_config(cfg, target.config, None)
-    drafter = Drafter(config)
-    train.init_drafter(drafter, 0)
-    generator = torch.Generator().manual_seed(5)
-    ids = torch.randint(0, 500, (2, 256), generator=generator)
     loss_mask = torch.tensor([[0] * 20 + [1] * 236, [0] * 100 + [1] * 120 + [0] * 36])
-    anchors, real = train.batch_anchors(loss_mask, 30, [generator] * 2)
+    target, drafter, config, ids, anchors, real = training_batch(block_size=10, loss_mask=loss_mask, anchors=30, seed=5)
     weights = train.slot_weights(10, 5.0)
     with torch.no_grad():
         dense_loss, *_ = train.drafter_loss(target, drafter, ids, loss_mask, anchors, real, config=config,
