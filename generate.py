@@ -86,14 +86,22 @@ PASSES = {"decode": decode_pass, "verify": verify_pass, "draft": draft_pass}
 
 
 @functools.cache
-def compiled_pass(name: str, shape: tuple, backend, mode: str | None):
-    """`PASSES[name]` compiled once per process and runner shape. Dynamo allows one function 8 graphs,
-    fewer than a benchmark of many shapes needs, so each shape compiles its own copy of the code."""
+def compiled_pass(name: str, shape: tuple, keys: int, backend, mode: str | None):
+    """`PASSES[name]` compiled once per process, runner shape and number of cache slots read. Dynamo allows one
+    function 8 graphs, fewer than a benchmark of many shapes needs, so each shape compiles its own copy of the code."""
     function = PASSES[name]
     copy = types.FunctionType(function.__code__.replace(), function.__globals__, name, function.__defaults__,
                               function.__closure__)
     copy.__kwdefaults__ = function.__kwdefaults__
     return torch.compile(copy, backend=backend, mode=mode, fullgraph=True, dynamic=False)
+
+
+def keys_bucket(needed: int, max_length: int) -> int:
+    """How many cache slots a compiled pass reads when `needed` hold the sequence: the next power of two from 64,
+    at most the whole buffer. Every token of a block scores every key read, so reading the buffer's empty tail
+    costs a 16-token verify far more than a decode; powers of two read at most twice the keys needed and keep
+    the compiled copies of a pass few (one per bucket: log2(max_length / 64) + 1)."""
+    return min(max_length, max(64, 1 << (needed - 1).bit_length()))
 
 
 # ---------------------------------------------------------------- the model runner
@@ -142,8 +150,17 @@ class ModelRunner:
                 cache.fixed_shape = True
                 for buffer in cache.keys + cache.values:  # they never move: CUDA graphs may write into them
                     torch._dynamo.mark_static_address(buffer)
-            shape = (block, tree_budget, self.tree_top_k, max_length)  # what the passes' shapes follow
-            self.passes = {name: compiled_pass(name, shape, backend, mode) for name in PASSES}
+            self.shape = (block, tree_budget, self.tree_top_k, max_length)  # what the passes' shapes follow
+            self.widest_chunk = 2 * block + tree_budget  # the most slots one pass writes: a draft's context and block
+            self.compile_options = (backend, mode)
+            self.passes = {name: functools.partial(self.run_compiled, name) for name in PASSES}
+
+    def run_compiled(self, name: str, *args, **options):
+        """`name`'s pass, compiled for the slots its cache reads: the bucket (`keys_bucket`) that holds the
+        committed slots and the widest chunk. The slot count is a shape, so each bucket has its own copy."""
+        cache = self.drafter_cache if name == "draft" else self.target_cache
+        cache.read_limit = keys_bucket(cache.length + self.widest_chunk, cache.max_length)
+        return compiled_pass(name, self.shape, cache.read_limit, *self.compile_options)(*args, **options)
 
     def caches(self) -> list[KVCache]:
         return [cache for cache in (self.target_cache, self.drafter_cache) if cache is not None]

@@ -194,7 +194,8 @@ class KVCache:
     Slots 0..length-1 hold the committed sequence. A pass writes its chunk right after them and
     the caller commits what it keeps (`extend`) or cuts the rejected tail (`trim`): the next
     chunk overwrites it before anything reads it. A compiled pass needs one shape, so with
-    `fixed_shape` it reads the whole buffer and the position mask hides every slot past the query.
+    `fixed_shape` it reads the first `read_limit` slots (the whole buffer unless a runner narrows it to
+    a bucket, `keys_bucket`) and the position mask hides every slot past the query.
     """
 
     def __init__(self, num_layers: int, batch: int, num_kv_heads: int, max_length: int, head_dim: int, *,
@@ -205,6 +206,7 @@ class KVCache:
         self.max_length = max_length
         self.length = 0
         self.fixed_shape = False
+        self.read_limit = max_length  # what a fixed-shape pass reads; the runner sets it per bucket
 
     @classmethod
     def for_layers(cls, config: Qwen3Config, like: torch.Tensor, max_length: int, batch: int = 1) -> "KVCache":
@@ -214,8 +216,8 @@ class KVCache:
 
     def keys_to_read(self, chunk: int) -> int:
         """How many slots attention reads for a chunk of `chunk` new positions: the committed ones and the chunk,
-        or with `fixed_shape` the whole buffer (the position mask hides what lies ahead)."""
-        return self.max_length if self.fixed_shape else self.length + chunk
+        or with `fixed_shape` the first `read_limit` (the position mask hides what lies ahead)."""
+        return self.read_limit if self.fixed_shape else self.length + chunk
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """Store a chunk's k, v (batch, kv_heads, seq, head_dim) at `slots` (seq,), right after the committed

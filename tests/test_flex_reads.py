@@ -103,7 +103,8 @@ def test_greedy_dflash_with_flex_reads_equals_the_plain_loop(pair, length):
     runner = compiled_runner(target, drafter, prompt, 24, backend, block_size=drafter.config.block_size)
     assert generate_dflash(target, drafter, prompt, 24, runner=runner).new_ids == plain
     assert generate_autoregressive(target, prompt, 24, runner=runner).new_ids == plain
-    assert backend.flex_graphs() == len(backend.graphs) == 3  # decode, verify, draft: each through flex
+    # decode, verify, draft, each through flex; once per bucket of slots read (`keys_bucket`: 64, then 128)
+    assert backend.flex_graphs() == len(backend.graphs) in (3, 6)
 
 
 def test_tree_with_flex_reads_equals_the_plain_loop(pair):

@@ -224,13 +224,15 @@ def test_tree_passes_compile_once_per_budget(pairs, no_recompiles, budget):
     runner = ModelRunner(target, drafter, max_length=40 + new + 16 + budget, tree_budget=budget, compile=True,
                          backend=backend)
     counts, lengths = [], []
-    for prompt_length in (5, 23, 40):
+    for prompt_length in (5, 23, 40) * 2:
         prompt = prompt_of(prompt_length, target.config.vocab_size)
         result = generate_dflash_tree(target, drafter, prompt, new, budget=budget, runner=runner)
         assert result.new_ids == generate_autoregressive(target, prompt, new).new_ids
         counts.append(backend.graphs)
         lengths += result.acceptance_lengths
-    assert counts == [2, 2, 2]  # the tree's draft and verify passes: one graph each
+    # The tree's draft and verify passes: one graph each per bucket of slots read (`keys_bucket`: 64, 128, and
+    # the whole buffer where it is shorter), and none for the second round over the same lengths.
+    assert 2 <= counts[0] and counts[2] <= 6 and counts[3:] == [counts[2]] * 3
     assert len(set(lengths)) >= 3  # the steps did run with different acceptance lengths
 
 
