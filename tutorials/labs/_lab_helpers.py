@@ -65,14 +65,12 @@ def switched_off(rule: str, places: dict[object, Sequence[str]]):
 
 
 class DemoPair:
-    """The demo target, its drafter and tokenizer from weights/, loaded on first use (a starter that fails
-    its first check never pays for them), one thread: tiny models run as fast and steadier on it."""
+    """The demo target, its drafter and tokenizer from weights/, loaded on first use: a starter that fails
+    its first check never pays for them."""
 
     @functools.cached_property
     def target(self):
         from dflash.qwen3 import Qwen3
-        torch.set_num_threads(1)
-        torch.set_grad_enabled(False)  # inference only; a lab that trains turns it back on for its block
         return Qwen3.from_pretrained(WEIGHTS / "tiny-qwen3")
 
     @functools.cached_property
@@ -131,3 +129,82 @@ def tree_loop(demo: DemoPair, budget: int = 16) -> Callable:
     from generate import generate_dflash_tree
     return lambda ids, choices, limit: generate_dflash_tree(demo.target, demo.drafter, ids, limit, budget=budget,
                                                             stop_ids=demo.stop_ids, first_token_choices=choices)
+
+
+# ------------------------------------------------------------------ what some labs hand the student
+
+
+def qwen3_8b_counts(context: int = 2048):
+    """Notebook 2's roofline counts for one Qwen3-8B pass over `tokens` new tokens after `context` cached ones,
+    in bfloat16: `bytes_read(tokens)` (every weight once, the embedding rows used, the whole KV cache) and
+    `flops(tokens)` (2 per weight and token, plus attention's scores and sums)."""
+    import types
+
+    from dflash.qwen3 import Qwen3, Qwen3Config
+    config = Qwen3Config(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                         num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False)
+    with torch.device("meta"):  # shapes only, no memory
+        model = Qwen3(config)
+    total = sum(p.numel() for p in model.parameters())
+    matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))  # LM head included
+    other = total - matmul - model.embed_tokens.weight.numel()  # the norms
+    kv_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim  # keys + values
+
+    def bytes_read(tokens: int) -> float:
+        weights = matmul + other + tokens * config.hidden_size
+        return 2 * (weights + kv_per_token * (context + tokens))
+
+    def flops(tokens: int) -> float:
+        keys_seen = tokens * context + tokens * (tokens + 1) / 2  # cached keys, then causal within the new tokens
+        return 2 * matmul * tokens + 4 * config.num_hidden_layers * config.num_attention_heads * config.head_dim * keys_seen
+
+    return types.SimpleNamespace(bytes_read=bytes_read, flops=flops, context=context)
+
+
+def tiny_experiment():
+    """Notebook 2's section 4: a tiny target over 8 tokens, a stand-in drafter, and `GreedyGuessRunner`, whose
+    drafts are the target's greedy continuation of the committed text (`committed`, kept up to date by the loop's
+    `on_token`). `next_probabilities(prefixes)` gives the target's exact next-token law after PROMPT + each prefix."""
+    import types
+
+    from dflash.drafter import Drafter, DrafterConfig
+    from dflash.qwen3 import Qwen3, Qwen3Config
+    from generate import ModelRunner
+
+    vocab, prompt, temperature = 8, [1, 5, 2, 6], 1.0
+    small = Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    torch.manual_seed(0)
+    target = Qwen3(small).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(4)  # sharper distributions, as in the notebook
+    drafter = Drafter(DrafterConfig(layers=Qwen3Config(**{**vars(small), "num_hidden_layers": 1}), block_size=4,
+                                    num_target_layers=2, mask_token_id=0, target_layer_ids=[0, 1])).eval()
+
+    @functools.cache
+    @torch.no_grad()
+    def greedy_next(prefix: tuple) -> int:
+        hidden, _ = target(torch.tensor([prefix]))  # (1, len, hidden)
+        return target.logits(hidden[0, -1]).argmax().item()
+
+    class GreedyGuessRunner(ModelRunner):
+        """Drafts the target's greedy continuation of the committed text (the drafter pass still runs)."""
+
+        committed: list
+
+        def draft(self, context_features, last_token, start):
+            super().draft(context_features, last_token, start)
+            guess = list(self.committed)
+            for _ in range(self.block_size - 1):
+                guess.append(greedy_next(tuple(guess)))
+            self.block_ids[0, 1:] = torch.tensor(guess[len(self.committed):])  # (block - 1,)
+            return self.block_ids[0, 1:]
+
+    @torch.no_grad()
+    def next_probabilities(prefixes):
+        ids = torch.tensor([prompt + list(prefix) for prefix in prefixes])  # (prefixes, len)
+        hidden, _ = target(ids)  # (prefixes, len, hidden)
+        return torch.softmax(target.logits(hidden[:, -1]).double() / temperature, dim=-1)  # (prefixes, vocab)
+
+    return types.SimpleNamespace(target=target, drafter=drafter, vocab=vocab, prompt=prompt, temperature=temperature,
+                                 GreedyGuessRunner=GreedyGuessRunner, next_probabilities=next_probabilities)

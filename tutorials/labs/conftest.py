@@ -20,6 +20,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # _lab_helpers, wherev
 from _lab_helpers import LABS, ROOT, DemoPair, graded_kind, short_name  # noqa: E402
 
 
+def pytest_configure(config):
+    import torch
+    torch.set_num_threads(1)  # tiny models: one thread is as fast, and far steadier on a busy machine
+
+
 @pytest.fixture(scope="session")
 def demo() -> DemoPair:
     return DemoPair()
