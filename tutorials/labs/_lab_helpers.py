@@ -208,3 +208,35 @@ def tiny_experiment():
 
     return types.SimpleNamespace(target=target, drafter=drafter, vocab=vocab, prompt=prompt, temperature=temperature,
                                  GreedyGuessRunner=GreedyGuessRunner, next_probabilities=next_probabilities)
+
+
+class WatchedPooledTau:
+    """`pooled_tau(runner_class)` as notebook 3 hands it to the student: tau pooled over the steps of
+    generate_dflash on the first held-out prompts, each run with a fresh `runner_class` runner. It also
+    records, per call, which feature columns the drafter's passes ever saw nonzero (`seen[i]`, (F,) bools),
+    and the tau it returned (`taus[i]`): the grader checks the student's runner did what the lab asks."""
+
+    def __init__(self, demo: DemoPair, prompts: int = 4, max_new_tokens: int = 64):
+        self.demo, self.count, self.max_new_tokens = demo, prompts, max_new_tokens
+        self.seen: list[torch.Tensor] = []
+        self.taus: list[float] = []
+
+    def __call__(self, runner_class) -> float:
+        import generate
+        demo, lengths = self.demo, []
+        seen = torch.zeros(len(demo.drafter.config.target_layer_ids) * demo.target.config.hidden_size, dtype=torch.bool)
+        draft_pass = generate.PASSES["draft"]
+
+        def watched(target, drafter, cache, context_features, *args, **kwargs):
+            seen.logical_or_(context_features.ne(0).flatten(0, -2).any(0))  # (F,): columns seen nonzero
+            return draft_pass(target, drafter, cache, context_features, *args, **kwargs)
+
+        with mock.patch.dict(generate.PASSES, draft=watched):
+            for ids, choices in demo.prompts(self.count):
+                runner = runner_class(demo.target, demo.drafter, max_length=len(ids) + self.max_new_tokens + demo.block)
+                lengths += generate.generate_dflash(demo.target, demo.drafter, ids, self.max_new_tokens,
+                                                    stop_ids=demo.stop_ids, runner=runner,
+                                                    first_token_choices=choices).acceptance_lengths
+        self.seen.append(seen)
+        self.taus.append(sum(lengths) / len(lengths))
+        return self.taus[-1]
