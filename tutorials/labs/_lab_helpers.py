@@ -240,3 +240,28 @@ class WatchedPooledTau:
         self.seen.append(seen)
         self.taus.append(sum(lengths) / len(lengths))
         return self.taus[-1]
+
+
+def draft_steps(demo: DemoPair, prompts: int, offsets: Sequence[int], top_k: int = 32) -> list[tuple]:
+    """Tree draft passes of the demo pair inside real answers: (root, logprobs, candidates) per step, as lists
+    ((block - 1, top_k) each, likeliest first), after each held-out prompt plus the first `offsets` tokens of
+    the target's greedy answer."""
+    from generate import ModelRunner, generate_autoregressive
+    steps = []
+    for ids, choices in demo.prompts(prompts):
+        truth = generate_autoregressive(demo.target, ids, max(offsets), first_token_choices=choices).new_ids
+        for offset in offsets:
+            context = ids + truth[:offset]
+            runner = ModelRunner(demo.target, demo.drafter, max_length=len(context) + top_k + 1 + demo.block,
+                                 tree_budget=top_k)
+            root, features = runner.prefill(torch.tensor([context]), 0.0, None, choices if offset == 0 else None)
+            logprobs, candidates = runner.draft_tree(features, root, len(context))  # (block - 1, top_k) each
+            steps.append((root, logprobs.tolist(), candidates.tolist()))
+    return steps
+
+
+def random_step(generator: torch.Generator, depth: int, width: int, vocab: int = 1000) -> tuple:
+    """A made-up draft step: (root, logprobs, candidates), each slot's `width` candidates distinct and likeliest
+    first, as a drafter's top-k; for checks that need no model."""
+    logprobs = torch.randn(depth, vocab, generator=generator).mul(3).log_softmax(-1).topk(width, dim=-1)
+    return int(torch.randint(vocab, (1,), generator=generator)), logprobs.values.tolist(), logprobs.indices.tolist()
