@@ -265,3 +265,40 @@ def random_step(generator: torch.Generator, depth: int, width: int, vocab: int =
     first, as a drafter's top-k; for checks that need no model."""
     logprobs = torch.randn(depth, vocab, generator=generator).mul(3).log_softmax(-1).topk(width, dim=-1)
     return int(torch.randint(vocab, (1,), generator=generator)), logprobs.values.tolist(), logprobs.indices.tolist()
+
+
+def gpu_speedup_model():
+    """Notebook 8's section 5: `gpu_speedup(gpu, alpha, block)`, the speedup the roofline model predicts for DFlash
+    on "H100 SXM" or "H200" (Qwen3-8B and a 5-layer drafter of its width, bfloat16, 1,024 cached tokens), with a
+    constant per-slot acceptance alpha. A model, not a measurement: a pass takes the longer of its bytes over
+    the bandwidth and its FLOPs over the peak rate."""
+    from dflash.drafter import Drafter, DrafterConfig, default_target_layer_ids
+    from dflash.qwen3 import Qwen3, Qwen3Config
+
+    gpus = {"H100 SXM": dict(bandwidth=3.35e12, flops=989e12), "H200": dict(bandwidth=4.8e12, flops=989e12)}
+    context, big = 1024, Qwen3Config()  # Qwen3-8B
+    with torch.device("meta"):
+        target = Qwen3(big)
+        drafter = Drafter(DrafterConfig(Qwen3Config(num_hidden_layers=5), block_size=16, num_target_layers=36,
+                                        mask_token_id=big.vocab_size, target_layer_ids=default_target_layer_ids(36, 5)))
+
+    def matmul_weights(module) -> int:
+        return sum(m.weight.numel() for m in module.modules() if isinstance(m, torch.nn.Linear))
+
+    models = {"target": (matmul_weights(target), 36), "drafter": (matmul_weights(drafter) + target.lm_head.weight.numel(), 5)}
+
+    def pass_ms(gpu: str, model: str, tokens: int) -> float:
+        weights, kv_layers = models[model]
+        kv_per_token = 2 * kv_layers * big.num_key_value_heads * big.head_dim
+        bytes_read = 2 * (weights + kv_per_token * (context + tokens))
+        keys_seen = tokens * context + tokens * (tokens + 1) / 2
+        flops = 2 * weights * tokens + 4 * kv_layers * big.num_attention_heads * big.head_dim * keys_seen
+        return 1e3 * max(bytes_read / gpus[gpu]["bandwidth"], flops / gpus[gpu]["flops"])
+
+    @functools.cache
+    def gpu_speedup(gpu: str, alpha: float, block: int) -> float:
+        tau = sum(alpha ** k for k in range(block))  # expected tokens per step: slot k is reached w.p. alpha^k
+        step = pass_ms(gpu, "drafter", 2 * block) + pass_ms(gpu, "target", block)  # draft, then verify
+        return tau / (step / pass_ms(gpu, "target", 1))  # against the plain loop's one token per decode pass
+
+    return gpu_speedup
