@@ -106,14 +106,15 @@ class DemoPair:
 
     def assert_plugged_in_matches(self, plugged, loop: Callable, what: str) -> None:
         """Under `plugged` (a context manager that swaps the student's piece into the project), `loop(ids, choices,
-        max_new_tokens)` (a Generation) must write the unmodified plain loop's tokens, token for token."""
+        max_new_tokens)` (a Generation) must write the unmodified plain loop's tokens, token for token. `what`
+        opens the failure message: "01_rmsnorm: with your RMSNorm in every layer"."""
         plain_answers = self.plain_answers  # computed before anything is swapped
         with plugged:
             answers = [loop(ids, choices, PLAIN_TOKENS).new_ids for ids, choices in self.prompts(PLAIN_PROMPTS)]
         for mine, plain in zip(answers, plain_answers):
             first = next((i for i, (a, b) in enumerate(zip(mine, plain)) if a != b), min(len(mine), len(plain)))
             assert mine == plain, (
-                f"with {what}, the demo pair wrote {self.tokenizer.decode(mine)!r} instead of the plain loop's "
+                f"{what}, the demo pair wrote {self.tokenizer.decode(mine)!r} instead of the plain loop's "
                 f"{self.tokenizer.decode(plain)!r} (they part at new token {first})")
 
 

@@ -4,7 +4,7 @@
   (what the student edits), or `solution.py` when DFLASH_LABS=solutions.
 - `demo`: the demo pair, one per session, loaded on first use.
 - A starter function that still raises NotImplementedError fails its lab with one line naming
-  the file to edit, not a traceback.
+  the file to edit, and a failed check with its message alone, not a traceback (`--tb=long` shows it).
 - `-k NAME`, where NAME is a lab's name exactly (`-k rope`), selects that lab alone, not every lab
   whose name contains it (`interleaved_rope`).
 """
@@ -55,15 +55,21 @@ def unwritten_function(error: BaseException):
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item):
+    """A grader's verdict as the student should read it: one line, not a traceback through the grader (run with
+    --tb=long to see that). An unwritten starter function names the file to edit; a failed check keeps its
+    message and drops pytest's introspection of the comparison."""
     try:
         return (yield)
     except NotImplementedError as error:
         where = unwritten_function(error)
         if where is None:
             raise
-    path, function = where  # outside the except clause: the one line below, without the exception it replaces
-    pytest.fail(f"{path.parent.name}: {function} is not written yet - edit {path.relative_to(ROOT).as_posix()}",
-                pytrace=False)
+        message = f"{where[0].parent.name}: {where[1]} is not written yet - edit {where[0].relative_to(ROOT).as_posix()}"
+    except AssertionError as error:
+        message = str(error).split("\nassert ")[0]
+        if item.config.option.tbstyle != "auto" or not message.startswith(item.path.parent.name):
+            raise  # asked for the whole story, or a failure that is not a grader's verdict
+    pytest.fail(message, pytrace=False)  # outside the except clauses: without the exception it replaces
 
 
 @pytest.hookimpl(trylast=True)

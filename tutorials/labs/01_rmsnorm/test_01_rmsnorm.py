@@ -29,4 +29,4 @@ def test_rmsnorm(lab, demo):
         return lab.my_rms_norm(x, self.weight, self.eps)
 
     demo.assert_plugged_in_matches(mock.patch.object(RMSNorm, "forward", norm), dflash_loop(demo),
-                                   "your RMSNorm in every layer")
+                                   "01_rmsnorm: with your RMSNorm in every layer")

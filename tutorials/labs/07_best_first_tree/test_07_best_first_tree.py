@@ -43,4 +43,4 @@ def test_best_first_tree(lab, demo):
     assert_same_trees(lab, [random_step(generator, depth=15, width=width) for width in (1, 3, 32)], "made-up step")
     assert_same_trees(lab, draft_steps(demo, prompts=3, offsets=(0, 8, 16)), "demo draft step")
     plugged = mock.patch.object(generate, "build_tree", as_draft_tree(lab.my_build_tree))  # what the loop calls
-    demo.assert_plugged_in_matches(plugged, tree_loop(demo), "your tree builder in the tree loop")
+    demo.assert_plugged_in_matches(plugged, tree_loop(demo), "07_best_first_tree: with your builder in the tree loop")
