@@ -95,14 +95,16 @@ class DemoPair:
     def prompts(self, count: int) -> list[tuple[list[int], list[int] | None]]:
         """The first `count` held-out problems as (ids, first-token choices), through the chat template."""
         from dflash.prompts import encode_for_generation, read_prompts
-        return [encode_for_generation(p, self.tokenizer) for p in read_prompts(WEIGHTS / "heldout_problems.jsonl")[:count]]
+        problems = read_prompts(WEIGHTS / "heldout_problems.jsonl")[:count]
+        return [encode_for_generation(problem, self.tokenizer) for problem in problems]
 
     @functools.cached_property
     def plain_answers(self) -> list[list[int]]:
         """The unmodified plain loop's tokens on the first held-out prompts: what a plugged-in piece must give."""
         from generate import generate_autoregressive
         return [generate_autoregressive(self.target, ids, PLAIN_TOKENS, stop_ids=self.stop_ids,
-                                        first_token_choices=choices).new_ids for ids, choices in self.prompts(PLAIN_PROMPTS)]
+                                        first_token_choices=choices).new_ids
+                for ids, choices in self.prompts(PLAIN_PROMPTS)]
 
     def assert_plugged_in_matches(self, plugged, loop: Callable, what: str) -> None:
         """Under `plugged` (a context manager that swaps the student's piece into the project), `loop(ids, choices,
@@ -157,7 +159,8 @@ def qwen3_8b_counts(context: int = 2048):
 
     def flops(tokens: int) -> float:
         keys_seen = tokens * context + tokens * (tokens + 1) / 2  # cached keys, then causal within the new tokens
-        return 2 * matmul * tokens + 4 * config.num_hidden_layers * config.num_attention_heads * config.head_dim * keys_seen
+        attention = 4 * config.num_hidden_layers * config.num_attention_heads * config.head_dim * keys_seen
+        return 2 * matmul * tokens + attention
 
     return types.SimpleNamespace(bytes_read=bytes_read, flops=flops, context=context)
 
@@ -286,7 +289,8 @@ def gpu_speedup_model():
     def matmul_weights(module) -> int:
         return sum(m.weight.numel() for m in module.modules() if isinstance(m, torch.nn.Linear))
 
-    models = {"target": (matmul_weights(target), 36), "drafter": (matmul_weights(drafter) + target.lm_head.weight.numel(), 5)}
+    models = {"target": (matmul_weights(target), 36),  # (weights read, layers with a KV cache)
+              "drafter": (matmul_weights(drafter) + target.lm_head.weight.numel(), 5)}
 
     def pass_ms(gpu: str, model: str, tokens: int) -> float:
         weights, kv_layers = models[model]

@@ -64,7 +64,8 @@ def pytest_runtest_call(item):
         where = unwritten_function(error)
         if where is None:
             raise
-        message = f"{where[0].parent.name}: {where[1]} is not written yet - edit {where[0].relative_to(ROOT).as_posix()}"
+        path, function = where
+        message = f"{path.parent.name}: {function} is not written yet - edit {path.relative_to(ROOT).as_posix()}"
     except AssertionError as error:
         message = str(error).split("\nassert ")[0]
         if item.config.option.tbstyle != "auto" or not message.startswith(item.path.parent.name):

@@ -1,4 +1,4 @@
-"""Lab 01_gqa, the reference answer (notebook 1, section 4): grouped-query attention without repeating keys and values."""
+"""Lab 01_gqa, the reference answer (notebook 1, section 4): grouped-query attention without copying keys and values."""
 
 import math
 

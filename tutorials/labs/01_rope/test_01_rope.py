@@ -43,4 +43,5 @@ def test_rope(lab, demo):
     dots = [(lab.my_rope(q, torch.tensor([m]), THETA) * lab.my_rope(k, torch.tensor([m - 3]), THETA)).sum().item()
             for m in (3, 50, 700)]
     assert max(dots) - min(dots) < 1e-3, f"01_rope: q . k should depend only on the offset (3 here), got {dots}"
-    demo.assert_plugged_in_matches(plugged_in(lab.my_rope), dflash_loop(demo), "01_rope: with your RoPE in every attention layer")
+    demo.assert_plugged_in_matches(plugged_in(lab.my_rope), dflash_loop(demo),
+                                   "01_rope: with your RoPE in every attention layer")

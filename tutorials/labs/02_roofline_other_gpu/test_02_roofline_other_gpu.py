@@ -27,6 +27,7 @@ def test_roofline_other_gpu(lab):
         assert flat == 1024 or lab.pass_ms(gpu, flat + 1, counts) > limit * one, \
             f"02_roofline_other_gpu: {flat + 1} tokens are still within {limit} one-token passes: not the largest k"
         ridge = gpu["flops"] / gpu["bandwidth"]  # FLOPs per byte where compute catches up with reading
-        assert limit > 1.2 or 0.5 * ridge < flat < 2 * ridge, "02_roofline_other_gpu: the flat stretch ends near the ridge"
+        assert limit > 1.2 or 0.5 * ridge < flat < 2 * ridge, \
+            "02_roofline_other_gpu: the flat stretch ends near the ridge"
     assert lab.flat_until(a100, counts) < lab.flat_until(h100, counts), \
         "02_roofline_other_gpu: the A100 does fewer FLOPs per byte: its pass should stop being flat sooner"

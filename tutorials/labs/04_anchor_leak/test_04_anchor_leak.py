@@ -12,13 +12,15 @@ CONTEXT, BLOCK = 30, 4
 
 def test_anchor_leak(lab):
     generator = torch.Generator().manual_seed(0)
-    anchors = torch.stack([torch.randperm(CONTEXT - 1, generator=generator)[:5].sort().values for _ in range(2)])  # (2, 5)
+    anchors = torch.stack([torch.randperm(CONTEXT - 1, generator=generator)[:5].sort().values
+                           for _ in range(2)])  # (batch 2, K 5)
     anchors[1, -1] = CONTEXT - 1  # a block anchored at the last position: a leak there runs out of context
     strict = AnchoredBlocks(anchors, CONTEXT, BLOCK).dense_mask()  # (batch, 1, K*B, S + K*B)
     for extra in (0, 1, 3, BLOCK):
         pattern = lab.leaky_pattern(anchors, CONTEXT, BLOCK, extra)
         leaky = pattern.dense_mask()
-        assert leaky.shape == strict.shape, f"04_anchor_leak: mask shape {tuple(leaky.shape)}, not {tuple(strict.shape)}"
+        assert leaky.shape == strict.shape, \
+            f"04_anchor_leak: mask shape {tuple(leaky.shape)}, not {tuple(strict.shape)}"
         assert not (strict & ~leaky).any(), f"04_anchor_leak: extra={extra} hides something the strict pattern shows"
         added = leaky & ~strict
         for row in range(2):
@@ -30,6 +32,6 @@ def test_anchor_leak(lab):
                         f"04_anchor_leak: with extra={extra}, the block anchored at {anchor} should also see context "
                         f"positions {wanted}, and sees {slot.nonzero()[:, 0].tolist()} more")
         q = torch.randn(2, 4, 5 * BLOCK, 8, generator=generator)  # (batch, heads, K*B, d)
-        k, v = torch.randn(2, 2, 2, CONTEXT + 5 * BLOCK, 8, generator=generator).unbind(0)  # (batch, kv_heads, S + K*B, d)
+        k, v = torch.randn(2, 2, 2, CONTEXT + 5 * BLOCK, 8, generator=generator).unbind(0)  # (batch, kv, S + K*B, d)
         assert torch.allclose(pattern.attend(q, k, v), masked(leaky)(q, k, v), atol=1e-5), \
             "04_anchor_leak: the pattern's attend (what training calls) disagrees with its dense mask"

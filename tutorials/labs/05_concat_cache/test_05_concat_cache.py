@@ -21,7 +21,8 @@ def test_concat_cache(lab):
             f"05_concat_cache: after an append the keys are {tuple(grown.shape)}, expected {(1, 2, length + BLOCK, 64)}"
         assert grown.data_ptr() != before.data_ptr(), "05_concat_cache: torch.cat makes a new tensor: the cache moves"
         cache.crop(length + keep)
-        assert cache.keys.data_ptr() == grown.data_ptr(), "05_concat_cache: a crop by slicing is a view: the same memory"
+        assert cache.keys.data_ptr() == grown.data_ptr(), \
+            "05_concat_cache: a crop by slicing is a view: the same memory"
         kept.append(block[:, :, :keep])
         assert torch.equal(cache.keys, torch.cat(kept, dim=2)), \
             "05_concat_cache: the keys should be the kept positions, in order"

@@ -35,9 +35,12 @@ def test_sampled_rule(lab):
         frequencies, sampled, greedy = simulate(p, q, generator)
         law = lab.committed_law(p, q)
         assert (law - frequencies).abs().max() < tolerance, \
-            f"06_sampled_rule: for p {p.tolist()}, q {q.tolist()} your law {law.tolist()}; verdicts commit {frequencies.tolist()}"
+            f"06_sampled_rule: for p {p.tolist()}, q {q.tolist()} your law {law.tolist()}; " \
+            f"verdicts commit {frequencies.tolist()}"
         mine_greedy, mine_sampled = lab.keep_probabilities(p, q)
         assert abs(mine_sampled - sampled) < tolerance, \
-            f"06_sampled_rule: sampled drafts kept {mine_sampled:.3f} for p {p.tolist()}, q {q.tolist()}; verdicts keep {sampled:.3f}"
+            f"06_sampled_rule: sampled drafts kept {mine_sampled:.3f} for p {p.tolist()}, q {q.tolist()}; " \
+            f"verdicts keep {sampled:.3f}"
         assert abs(mine_greedy - greedy) < tolerance, \
-            f"06_sampled_rule: greedy drafts kept {mine_greedy:.3f} for p {p.tolist()}, q {q.tolist()}; verdicts keep {greedy:.3f}"
+            f"06_sampled_rule: greedy drafts kept {mine_greedy:.3f} for p {p.tolist()}, q {q.tolist()}; " \
+            f"verdicts keep {greedy:.3f}"

@@ -23,4 +23,5 @@ def test_ancestor_mask(lab, demo):
         assert [list(row) for row in mine] == ancestor_mask(tree.parents), \
             f"07_ancestor_mask: not the ancestor mask of the tree with parents {tree.parents}"
     plugged = mock.patch.object(dflash.tree, "ancestor_mask", lab.my_ancestor_mask)  # what verify_inputs calls
-    demo.assert_plugged_in_matches(plugged, tree_loop(demo), "07_ancestor_mask: with your mask in the tree loop's verify passes")
+    demo.assert_plugged_in_matches(plugged, tree_loop(demo),
+                                   "07_ancestor_mask: with your mask in the tree loop's verify passes")

@@ -16,7 +16,8 @@ def simulated_kept(tree, logprobs, candidates, generator) -> tuple[float, float]
     """(mean kept drafts, its standard error) over DRAWS truths drawn slot by slot from the drafter's law."""
     probs = torch.tensor(logprobs, dtype=torch.float64).exp()  # (depth, k)
     rest = (1 - probs.sum(-1, keepdim=True)).clamp(min=0)  # (depth, 1): tokens outside the candidates
-    draws = torch.multinomial(torch.cat([probs, rest], -1), DRAWS, replacement=True, generator=generator)  # (depth, DRAWS)
+    law = torch.cat([probs, rest], -1)  # (depth, k + 1)
+    draws = torch.multinomial(law, DRAWS, replacement=True, generator=generator)  # (depth, DRAWS): indices into law
     ids = torch.cat([torch.tensor(candidates), torch.full((len(candidates), 1), -1)], -1)  # (depth, k + 1)
     truth = ids.gather(1, draws)  # (depth, DRAWS): the true token at each depth, per draw
     on_path = [torch.ones(DRAWS, dtype=torch.bool)]  # per node: its whole path is the truth; the root always is
