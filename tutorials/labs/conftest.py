@@ -76,10 +76,10 @@ def pytest_runtest_call(item):
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     wanted = (config.option.keyword or "").strip()
-    labs = {short_name(item.path.parent) for item in items if item.path.parent.parent == LABS}
-    if wanted not in labs:
+    in_labs = [item for item in items if item.path.parent.parent == LABS]
+    if wanted not in {short_name(item.path.parent) for item in in_labs}:
         return
-    others = [item for item in items if short_name(item.path.parent) != wanted]
+    others = [item for item in in_labs if short_name(item.path.parent) != wanted]  # e.g. interleaved_rope for rope
     if others:
         config.hook.pytest_deselected(items=others)
-        items[:] = [item for item in items if short_name(item.path.parent) == wanted]
+        items[:] = [item for item in items if item not in others]
