@@ -21,10 +21,8 @@ def replayed_counts(lengths: list[int], answer_length: int, limits) -> list[int]
 
 
 def test_tau_past_the_end(lab, demo):
-    mine = lab.past_the_end(demo, [1, 2, 3], [])  # an empty list of limits first: nothing to run
-    assert list(mine) == [], "02_tau_past_the_end: no limits, no counts"
     prompt_ids = demo.prompts(1)[0][0]
-    mine = lab.past_the_end(demo, prompt_ids, LIMITS)
+    mine = lab.past_the_end(demo, prompt_ids, LIMITS)  # an unwritten starter stops here, before the models load
     long = generate_dflash(demo.target, demo.drafter, prompt_ids, max(LIMITS) + demo.block, stop_ids=demo.stop_ids)
     stopped = long.new_ids[-1] in demo.stop_ids
     answer_length = long.new_tokens if stopped else max(LIMITS) + demo.block
