@@ -12,5 +12,5 @@ def test_best_gpu_block(lab):
             assert isinstance(found, int) and 2 <= found <= 512, f"08_best_gpu_block: {found} is not a block in 2..512"
             value = gpu_speedup(gpu, alpha, found)
             better = [block for block in range(2, 513) if gpu_speedup(gpu, alpha, block) > value]
-            assert not better, (f"08_best_gpu_block: {gpu}, alpha {alpha}: block {found} gives {value:.3f}x, block "
-                                f"{better[0]} {gpu_speedup(gpu, alpha, better[0]):.3f}x")
+            assert not better, (f"08_best_gpu_block: {gpu}, alpha {alpha}: block {found} gives {value:.6f}x, block "
+                                f"{better[0]} {gpu_speedup(gpu, alpha, better[0]):.6f}x")
