@@ -1,0 +1,25 @@
+"""Lab 02_one_hot_acceptance (notebook 2, section 4; about 20 minutes): the probability that the first step keeps
+its one-hot first draft, predicted from the target's exact probabilities and measured by running the loop.
+
+Write the function below, then grade it: python -m pytest tutorials/labs -k one_hot_acceptance
+"""
+
+import torch  # noqa: F401
+
+from generate import generate_dflash  # noqa: F401  (the loop to run)
+
+
+def first_draft_kept(tiny, samples: int) -> tuple[float, float]:
+    """(predicted, measured) probability that the first step keeps its first draft, in notebook 2's section 4.
+
+    `tiny` holds that experiment: `target`, `drafter`, `prompt`, `vocab`, `temperature`, `GreedyGuessRunner`
+    (its drafts are the target's greedy continuation of `runner.committed`, which your loop's `on_token`
+    must keep up to date) and `next_probabilities(prefixes)`: the target's exact next-token law after
+    prompt + each prefix, (len(prefixes), vocab).
+
+    Predicted: the first step drafts argmax p(. | prompt, t1) and keeps it when the target's own sample t2
+    equals it, so it is kept with probability sum_a p(a | prompt) max_b p(b | prompt, a).
+    Measured: run generate_dflash (3 new tokens, temperature tiny.temperature, a torch.Generator seeded 0,
+    runner=GreedyGuessRunner(...)) `samples` times; count the runs with acceptance_lengths[0] >= 2.
+    """
+    raise NotImplementedError

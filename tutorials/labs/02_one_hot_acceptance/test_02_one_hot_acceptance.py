@@ -1,0 +1,42 @@
+"""Grades lab 02_one_hot_acceptance: the prediction against a Monte Carlo simulation of the first step's two
+draws (t1, then t2 after it), and the measurement against the prediction, both within their sampling error.
+The runs are counted: a measurement must come from `samples` runs of the loop."""
+
+import torch
+
+from _lab_helpers import tiny_experiment
+
+SAMPLES, SIMULATED = 300, 200_000
+
+
+def simulated_keep_rate(tiny) -> tuple[float, float]:
+    """(rate, standard error): draw t1, then t2 after it, from the exact laws; kept when t2 is the greedy guess."""
+    generator = torch.Generator().manual_seed(1)
+    p1 = tiny.next_probabilities([()])[0]  # (vocab,)
+    p2 = tiny.next_probabilities([(a,) for a in range(tiny.vocab)])  # (vocab, vocab)
+    t1 = torch.multinomial(p1, SIMULATED, replacement=True, generator=generator)  # (SIMULATED,)
+    t2 = torch.multinomial(p2[t1], 1, generator=generator)[:, 0]  # (SIMULATED,): one draw after each t1
+    kept = (t2 == p2.argmax(-1)[t1]).double().mean().item()
+    return kept, (kept * (1 - kept) / SIMULATED) ** 0.5
+
+
+def test_one_hot_acceptance(lab):
+    tiny = tiny_experiment()
+    runs = []
+    original = tiny.GreedyGuessRunner.draft
+
+    def counted(self, *args):  # counts the first draft of every run
+        if self.drafter_cache.length == 0:
+            runs.append(1)
+        return original(self, *args)
+
+    tiny.GreedyGuessRunner.draft = counted
+    predicted, measured = lab.first_draft_kept(tiny, SAMPLES)
+    simulated, error = simulated_keep_rate(tiny)
+    assert abs(predicted - simulated) < 5 * error + 1e-3, \
+        f"02_one_hot_acceptance: predicted {predicted:.4f}, but simulating the two draws keeps {simulated:.4f}"
+    assert len(runs) == SAMPLES, f"02_one_hot_acceptance: {len(runs)} runs of the loop, not {SAMPLES}"
+    sigma = (predicted * (1 - predicted) / SAMPLES) ** 0.5  # the binomial standard deviation of the measurement
+    assert abs(measured * SAMPLES - round(measured * SAMPLES)) < 1e-9, "02_one_hot_acceptance: a share of the runs"
+    assert abs(measured - predicted) < 4 * sigma, \
+        f"02_one_hot_acceptance: measured {measured:.3f}, more than 4 standard deviations from {predicted:.3f}"

@@ -1,0 +1,36 @@
+"""Grades lab 03_one_position: the drafter must be called with every mask slot at n + 1, the guesses must be what
+that call's output says, and they must all be one token (while at their own positions the slots differ)."""
+
+from unittest import mock
+
+import torch
+
+from dflash.drafter import Drafter
+
+
+def test_one_position(lab, demo):
+    calls = []
+    forward = Drafter.forward
+
+    def watched(self, context_features, block_embeddings, context_positions, block_positions, *args, **kwargs):
+        out = forward(self, context_features, block_embeddings, context_positions, block_positions, *args, **kwargs)
+        calls.append((context_features, block_embeddings, context_positions, block_positions, out))
+        return out
+
+    prompt_ids = demo.prompts(1)[0][0]
+    n, block = len(prompt_ids), demo.block
+    with mock.patch.object(Drafter, "forward", watched):
+        guesses = lab.guesses_at_one_position(demo, prompt_ids)
+    one_position = [n] + [n + 1] * (block - 1)
+    at_one = [call for call in calls if call[3].tolist() == one_position]
+    assert at_one, (f"03_one_position: the drafter was called with block positions "
+                    f"{[call[3].tolist() for call in calls]}; slot 0 at n = {n}, every mask slot at n + 1")
+    features, embedded, context_positions, block_positions, out = at_one[-1]
+    assert context_positions.tolist() == list(range(n)), "03_one_position: the context sits at 0..n-1"
+    assert list(guesses) == demo.target.logits(out[0, 1:]).argmax(-1).tolist(), \
+        "03_one_position: the guesses are the argmax of target.logits over the mask slots' outputs"
+    assert len(guesses) == block - 1 and len(set(guesses)) == 1, \
+        f"03_one_position: slots that share a position share every vector: one guess for all, got {guesses}"
+    own = demo.drafter(features, embedded, context_positions, n + torch.arange(block))  # at their own positions
+    assert len(set(demo.target.logits(own[0, 1:]).argmax(-1).tolist())) > 1, \
+        "03_one_position: at their own positions the slots should guess different tokens"

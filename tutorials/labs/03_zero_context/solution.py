@@ -1,0 +1,16 @@
+"""Lab 03_zero_context, the reference answer (notebook 3, section 2): the drafter without the target's features."""
+
+import torch
+
+from generate import ModelRunner
+
+
+class BlindRunner(ModelRunner):
+    """A runner whose drafter sees zeros where the target's features should be."""
+
+    def draft(self, context_features, *args, **kwargs):
+        return super().draft(torch.zeros_like(context_features), *args, **kwargs)  # (block - 1,)
+
+
+def tau_without_context(pair, pooled_tau) -> float:
+    return pooled_tau(BlindRunner)

@@ -1,0 +1,28 @@
+"""Grades lab 05_concat_cache over a run of speculative steps (append a block, crop to the kept part): the keys
+must always be the kept positions in order, every append must move the cache (a new tensor), every crop keep
+it where it is (a view)."""
+
+import torch
+
+BLOCK = 16
+
+
+def test_concat_cache(lab):
+    generator = torch.Generator().manual_seed(0)
+    start = torch.randn(1, 2, 8, 64, generator=generator)  # (1, kv heads, 8 positions, head_dim)
+    cache, kept = lab.ConcatCache(start), [start]  # kept: the positions the cache should hold, chunk by chunk
+    for keep in (3, 16, 1, 7):  # the accepted part of each step's block
+        block = torch.randn(1, 2, BLOCK, 64, generator=generator)
+        before = cache.keys
+        cache.append(block)
+        grown = cache.keys
+        length = sum(chunk.shape[2] for chunk in kept)
+        assert grown.shape == (1, 2, length + BLOCK, 64), \
+            f"05_concat_cache: after an append the keys are {tuple(grown.shape)}, expected {(1, 2, length + BLOCK, 64)}"
+        assert grown.data_ptr() != before.data_ptr(), "05_concat_cache: torch.cat makes a new tensor: the cache moves"
+        cache.crop(length + keep)
+        assert cache.keys.data_ptr() == grown.data_ptr(), \
+            "05_concat_cache: a crop by slicing is a view: the same memory"
+        kept.append(block[:, :, :keep])
+        assert torch.equal(cache.keys, torch.cat(kept, dim=2)), \
+            "05_concat_cache: the keys should be the kept positions, in order"

@@ -1,0 +1,18 @@
+"""Lab 05_histogram (notebook 5, section 3; about 10 minutes): tau and the per-slot acceptance from the
+acceptance histogram alone.
+
+Write the two functions below, then grade them: python -m pytest tutorials/labs -k histogram
+"""
+
+
+def tau_from_histogram(histogram: list[int]) -> float:
+    """The mean step length; histogram[i] steps committed i + 1 tokens (bonus included)."""
+    raise NotImplementedError
+
+
+def per_slot_from_histogram(histogram: list[int]) -> list[float | None]:
+    """For draft slots k = 1 .. B-1 (B = len(histogram)): kept / reached, None where no step reached slot k.
+
+    A step of length L reached slot k when L >= k, and kept it when L > k.
+    """
+    raise NotImplementedError

@@ -1,0 +1,27 @@
+"""Grades lab 07_ancestor_mask against dflash.tree.ancestor_mask on 200 random trees (switched off while the
+student's function runs), then inside the demo pair: every verify pass of the tree loop masks with the
+student's function, and the loop must still write the plain loop's tokens."""
+
+import random
+from unittest import mock
+
+import dflash.tree
+from _lab_helpers import switched_off, tree_loop
+from dflash.tree import DraftTree, ancestor_mask
+
+RULE = "07_ancestor_mask: the lab asks you to build the mask yourself"
+
+
+def test_ancestor_mask(lab, demo):
+    rng = random.Random(0)
+    for _ in range(200):  # random trees: parents come first, as build_tree adds them
+        tree = DraftTree.rooted_at(0)
+        for _ in range(rng.randrange(0, 40)):
+            tree.add(rng.randrange(100), rng.randrange(len(tree.tokens)), 0.0)
+        with switched_off(RULE, {dflash.tree: ["ancestor_mask"]}):
+            mine = lab.my_ancestor_mask(list(tree.parents))
+        assert [list(row) for row in mine] == ancestor_mask(tree.parents), \
+            f"07_ancestor_mask: not the ancestor mask of the tree with parents {tree.parents}"
+    plugged = mock.patch.object(dflash.tree, "ancestor_mask", lab.my_ancestor_mask)  # what verify_inputs calls
+    demo.assert_plugged_in_matches(plugged, tree_loop(demo),
+                                   "07_ancestor_mask: with your mask in the tree loop's verify passes")

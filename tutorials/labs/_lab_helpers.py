@@ -1,0 +1,309 @@
+"""What the graders share: the demo pair (loaded once, and only when a grader first needs it), the plain
+loop's answers to compare a plugged-in piece against, and the tools that enforce a lab's rules.
+
+The graders never hold an answer: they compare with the project's own code, with a simulation, or
+with a property the answer must have, and they switch off the calls a lab forbids while the
+student's function runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Sequence
+from unittest import mock
+
+LABS = Path(__file__).resolve().parent
+ROOT = LABS.parents[1]  # the repository: dflash/, generate.py, weights/
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))  # the labs run from the repository root and from tutorials/ alike
+
+import torch  # noqa: E402
+
+WEIGHTS = ROOT / "weights"
+PLAIN_PROMPTS, PLAIN_TOKENS = 2, 48  # the held-out prompts and new tokens a plugged-in piece is compared on
+
+
+def graded_kind() -> str:
+    """`starter` (the student's files, the default) or `solution` (DFLASH_LABS=solutions: the reference answers)."""
+    wanted = os.environ.get("DFLASH_LABS", "starters")
+    if wanted not in ("starters", "solutions"):
+        raise ValueError(f"DFLASH_LABS must be 'starters' or 'solutions', not {wanted!r}")
+    return wanted[:-1]
+
+
+def short_name(lab: Path) -> str:
+    """`01_rmsnorm` -> `rmsnorm`: the name `-k` selects a lab by."""
+    return lab.name.split("_", 1)[1]
+
+
+class RuleBroken(AssertionError):
+    """The student's function called something its lab forbids."""
+
+
+@contextlib.contextmanager
+def switched_off(rule: str, places: dict[object, Sequence[str]]):
+    """While the block runs, calling any `places` ({module or class: [names]}) fails with `rule`.
+
+    How a grader enforces "without X" instead of trusting it: the student's function runs inside
+    this block, the grader's own reference computations outside it.
+    """
+    def forbidden(name: str) -> Callable:
+        def refuse(*args, **kwargs):
+            raise RuleBroken(f"{rule}: your function called {name}, which this lab switches off")
+        return refuse
+
+    with contextlib.ExitStack() as stack:
+        for owner, names in places.items():
+            for name in names:
+                label = f"{getattr(owner, '__name__', owner)}.{name}"
+                stack.enter_context(mock.patch.object(owner, name, forbidden(label)))
+        yield
+
+
+class DemoPair:
+    """The demo target, its drafter and tokenizer from weights/, loaded on first use: a starter that fails
+    its first check never pays for them."""
+
+    @functools.cached_property
+    def target(self):
+        from dflash.qwen3 import Qwen3
+        return Qwen3.from_pretrained(WEIGHTS / "tiny-qwen3")
+
+    @functools.cached_property
+    def drafter(self):
+        from dflash.drafter import Drafter
+        return Drafter.from_pretrained(WEIGHTS / "tiny-qwen3-dflash", target=self.target)
+
+    @functools.cached_property
+    def tokenizer(self):
+        from dflash.tokenizer import load_tokenizer
+        return load_tokenizer(WEIGHTS / "tiny-qwen3")
+
+    @property
+    def block(self) -> int:
+        return self.drafter.config.block_size
+
+    @property
+    def stop_ids(self) -> list[int]:
+        return self.tokenizer.stop_token_ids
+
+    @functools.cache
+    def prompts(self, count: int) -> list[tuple[list[int], list[int] | None]]:
+        """The first `count` held-out problems as (ids, first-token choices), through the chat template."""
+        from dflash.prompts import encode_for_generation, read_prompts
+        problems = read_prompts(WEIGHTS / "heldout_problems.jsonl")[:count]
+        return [encode_for_generation(problem, self.tokenizer) for problem in problems]
+
+    @functools.cached_property
+    def plain_answers(self) -> list[list[int]]:
+        """The unmodified plain loop's tokens on the first held-out prompts: what a plugged-in piece must give."""
+        from generate import generate_autoregressive
+        return [generate_autoregressive(self.target, ids, PLAIN_TOKENS, stop_ids=self.stop_ids,
+                                        first_token_choices=choices).new_ids
+                for ids, choices in self.prompts(PLAIN_PROMPTS)]
+
+    def assert_plugged_in_matches(self, plugged, loop: Callable, what: str) -> None:
+        """Under `plugged` (a context manager that swaps the student's piece into the project), `loop(ids, choices,
+        max_new_tokens)` (a Generation) must write the unmodified plain loop's tokens, token for token. `what`
+        opens the failure message: "01_rmsnorm: with your RMSNorm in every layer"."""
+        plain_answers = self.plain_answers  # computed before anything is swapped
+        with plugged:
+            answers = [loop(ids, choices, PLAIN_TOKENS).new_ids for ids, choices in self.prompts(PLAIN_PROMPTS)]
+        for mine, plain in zip(answers, plain_answers):
+            first = next((i for i, (a, b) in enumerate(zip(mine, plain)) if a != b), min(len(mine), len(plain)))
+            assert mine == plain, (
+                f"{what}, the demo pair wrote {self.tokenizer.decode(mine)!r} instead of the plain loop's "
+                f"{self.tokenizer.decode(plain)!r} (they part at new token {first})")
+
+
+def dflash_loop(demo: DemoPair) -> Callable:
+    """The chain loop on the demo pair, as `DemoPair.assert_plugged_in_matches` calls it."""
+    from generate import generate_dflash
+    return lambda ids, choices, limit: generate_dflash(demo.target, demo.drafter, ids, limit, stop_ids=demo.stop_ids,
+                                                       first_token_choices=choices)
+
+
+def tree_loop(demo: DemoPair, budget: int = 16) -> Callable:
+    """The tree loop on the demo pair, as `DemoPair.assert_plugged_in_matches` calls it."""
+    from generate import generate_dflash_tree
+    return lambda ids, choices, limit: generate_dflash_tree(demo.target, demo.drafter, ids, limit, budget=budget,
+                                                            stop_ids=demo.stop_ids, first_token_choices=choices)
+
+
+# ------------------------------------------------------------------ what some labs hand the student
+
+
+def qwen3_8b_counts(context: int = 2048):
+    """Notebook 2's roofline counts for one Qwen3-8B pass over `tokens` new tokens after `context` cached ones,
+    in bfloat16: `bytes_read(tokens)` (every weight once, the embedding rows used, the whole KV cache) and
+    `flops(tokens)` (2 per weight and token, plus attention's scores and sums)."""
+    import types
+
+    from dflash.qwen3 import Qwen3, Qwen3Config
+    config = Qwen3Config(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
+                         num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False)
+    with torch.device("meta"):  # shapes only, no memory
+        model = Qwen3(config)
+    total = sum(p.numel() for p in model.parameters())
+    matmul = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))  # LM head included
+    other = total - matmul - model.embed_tokens.weight.numel()  # the norms
+    kv_per_token = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim  # keys + values
+
+    def bytes_read(tokens: int) -> float:
+        weights = matmul + other + tokens * config.hidden_size
+        return 2 * (weights + kv_per_token * (context + tokens))
+
+    def flops(tokens: int) -> float:
+        keys_seen = tokens * context + tokens * (tokens + 1) / 2  # cached keys, then causal within the new tokens
+        attention = 4 * config.num_hidden_layers * config.num_attention_heads * config.head_dim * keys_seen
+        return 2 * matmul * tokens + attention
+
+    return types.SimpleNamespace(bytes_read=bytes_read, flops=flops, context=context)
+
+
+def tiny_experiment():
+    """Notebook 2's section 4: a tiny target over 8 tokens, a stand-in drafter, and `GreedyGuessRunner`, whose
+    drafts are the target's greedy continuation of the committed text (`committed`, kept up to date by the loop's
+    `on_token`). `next_probabilities(prefixes)` gives the target's exact next-token law after PROMPT + each prefix."""
+    import types
+
+    from dflash.drafter import Drafter, DrafterConfig
+    from dflash.qwen3 import Qwen3, Qwen3Config
+    from generate import ModelRunner
+
+    vocab, prompt, temperature = 8, [1, 5, 2, 6], 1.0
+    small = Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=2, num_key_value_heads=1, head_dim=16)
+    torch.manual_seed(0)
+    target = Qwen3(small).eval()
+    with torch.no_grad():
+        target.lm_head.weight.mul_(4)  # sharper distributions, as in the notebook
+    drafter = Drafter(DrafterConfig(layers=Qwen3Config(**{**vars(small), "num_hidden_layers": 1}), block_size=4,
+                                    num_target_layers=2, mask_token_id=0, target_layer_ids=[0, 1])).eval()
+
+    @functools.cache
+    @torch.no_grad()
+    def greedy_next(prefix: tuple) -> int:
+        hidden, _ = target(torch.tensor([prefix]))  # (1, len, hidden)
+        return target.logits(hidden[0, -1]).argmax().item()
+
+    class GreedyGuessRunner(ModelRunner):
+        """Drafts the target's greedy continuation of the committed text (the drafter pass still runs)."""
+
+        committed: list
+
+        def draft(self, context_features, last_token, start):
+            super().draft(context_features, last_token, start)
+            guess = list(self.committed)
+            for _ in range(self.block_size - 1):
+                guess.append(greedy_next(tuple(guess)))
+            self.block_ids[0, 1:] = torch.tensor(guess[len(self.committed):])  # (block - 1,)
+            return self.block_ids[0, 1:]
+
+    @torch.no_grad()
+    def next_probabilities(prefixes):
+        ids = torch.tensor([prompt + list(prefix) for prefix in prefixes])  # (prefixes, len)
+        hidden, _ = target(ids)  # (prefixes, len, hidden)
+        return torch.softmax(target.logits(hidden[:, -1]).double() / temperature, dim=-1)  # (prefixes, vocab)
+
+    return types.SimpleNamespace(target=target, drafter=drafter, vocab=vocab, prompt=prompt, temperature=temperature,
+                                 GreedyGuessRunner=GreedyGuessRunner, next_probabilities=next_probabilities)
+
+
+class WatchedPooledTau:
+    """`pooled_tau(runner_class)` as notebook 3 hands it to the student: tau pooled over the steps of
+    generate_dflash on the first held-out prompts, each run with a fresh `runner_class` runner. It also
+    records, per call, which feature columns the drafter's passes ever saw nonzero (`seen[i]`, (F,) bools),
+    and the tau it returned (`taus[i]`): the grader checks the student's runner did what the lab asks."""
+
+    def __init__(self, demo: DemoPair, prompts: int = 4, max_new_tokens: int = 64):
+        self.demo, self.count, self.max_new_tokens = demo, prompts, max_new_tokens
+        self.seen: list[torch.Tensor] = []
+        self.taus: list[float] = []
+
+    def __call__(self, runner_class) -> float:
+        import generate
+        demo, lengths = self.demo, []
+        seen = torch.zeros(len(demo.drafter.config.target_layer_ids) * demo.target.config.hidden_size, dtype=torch.bool)
+        draft_pass = generate.PASSES["draft"]
+
+        def watched(target, drafter, cache, context_features, *args, **kwargs):
+            seen.logical_or_(context_features.ne(0).flatten(0, -2).any(0))  # (F,): columns seen nonzero
+            return draft_pass(target, drafter, cache, context_features, *args, **kwargs)
+
+        with mock.patch.dict(generate.PASSES, draft=watched):
+            for ids, choices in demo.prompts(self.count):
+                runner = runner_class(demo.target, demo.drafter, max_length=len(ids) + self.max_new_tokens + demo.block)
+                lengths += generate.generate_dflash(demo.target, demo.drafter, ids, self.max_new_tokens,
+                                                    stop_ids=demo.stop_ids, runner=runner,
+                                                    first_token_choices=choices).acceptance_lengths
+        self.seen.append(seen)
+        self.taus.append(sum(lengths) / len(lengths))
+        return self.taus[-1]
+
+
+def draft_steps(demo: DemoPair, prompts: int, offsets: Sequence[int], top_k: int = 32) -> list[tuple]:
+    """Tree draft passes of the demo pair inside real answers: (root, logprobs, candidates) per step, as lists
+    ((block - 1, top_k) each, likeliest first), after each held-out prompt plus the first `offsets` tokens of
+    the target's greedy answer."""
+    from generate import ModelRunner, generate_autoregressive
+    steps = []
+    for ids, choices in demo.prompts(prompts):
+        truth = generate_autoregressive(demo.target, ids, max(offsets), first_token_choices=choices).new_ids
+        for offset in offsets:
+            context = ids + truth[:offset]
+            runner = ModelRunner(demo.target, demo.drafter, max_length=len(context) + top_k + 1 + demo.block,
+                                 tree_budget=top_k)
+            root, features = runner.prefill(torch.tensor([context]), 0.0, None, choices if offset == 0 else None)
+            logprobs, candidates = runner.draft_tree(features, root, len(context))  # (block - 1, top_k) each
+            steps.append((root, logprobs.tolist(), candidates.tolist()))
+    return steps
+
+
+def random_step(generator: torch.Generator, depth: int, width: int, vocab: int = 1000) -> tuple:
+    """A made-up draft step: (root, logprobs, candidates), each slot's `width` candidates distinct and likeliest
+    first, as a drafter's top-k; for checks that need no model."""
+    logprobs = torch.randn(depth, vocab, generator=generator).mul(3).log_softmax(-1).topk(width, dim=-1)
+    return int(torch.randint(vocab, (1,), generator=generator)), logprobs.values.tolist(), logprobs.indices.tolist()
+
+
+def gpu_speedup_model():
+    """Notebook 8's section 5: `gpu_speedup(gpu, alpha, block)`, the speedup the roofline model predicts for DFlash
+    on "H100 SXM" or "H200" (Qwen3-8B and a 5-layer drafter of its width, bfloat16, 1,024 cached tokens), with a
+    constant per-slot acceptance alpha. A model, not a measurement: a pass takes the longer of its bytes over
+    the bandwidth and its FLOPs over the peak rate."""
+    from dflash.drafter import Drafter, DrafterConfig, default_target_layer_ids
+    from dflash.qwen3 import Qwen3, Qwen3Config
+
+    gpus = {"H100 SXM": dict(bandwidth=3.35e12, flops=989e12), "H200": dict(bandwidth=4.8e12, flops=989e12)}
+    context, big = 1024, Qwen3Config()  # Qwen3-8B
+    with torch.device("meta"):
+        target = Qwen3(big)
+        drafter = Drafter(DrafterConfig(Qwen3Config(num_hidden_layers=5), block_size=16, num_target_layers=36,
+                                        mask_token_id=big.vocab_size, target_layer_ids=default_target_layer_ids(36, 5)))
+
+    def matmul_weights(module) -> int:
+        return sum(m.weight.numel() for m in module.modules() if isinstance(m, torch.nn.Linear))
+
+    models = {"target": (matmul_weights(target), 36),  # (weights read, layers with a KV cache)
+              "drafter": (matmul_weights(drafter) + target.lm_head.weight.numel(), 5)}
+
+    def pass_ms(gpu: str, model: str, tokens: int) -> float:
+        weights, kv_layers = models[model]
+        kv_per_token = 2 * kv_layers * big.num_key_value_heads * big.head_dim
+        bytes_read = 2 * (weights + kv_per_token * (context + tokens))
+        keys_seen = tokens * context + tokens * (tokens + 1) / 2
+        flops = 2 * weights * tokens + 4 * kv_layers * big.num_attention_heads * big.head_dim * keys_seen
+        return 1e3 * max(bytes_read / gpus[gpu]["bandwidth"], flops / gpus[gpu]["flops"])
+
+    @functools.cache
+    def gpu_speedup(gpu: str, alpha: float, block: int) -> float:
+        tau = sum(alpha ** k for k in range(block))  # expected tokens per step: slot k is reached w.p. alpha^k
+        step = pass_ms(gpu, "drafter", 2 * block) + pass_ms(gpu, "target", block)  # draft, then verify
+        return tau / (step / pass_ms(gpu, "target", 1))  # against the plain loop's one token per decode pass
+
+    return gpu_speedup

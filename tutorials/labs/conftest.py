@@ -1,0 +1,85 @@
+"""The labs' switch and shared fixtures.
+
+- `lab`: the module a grader grades, loaded by path from the grader's own folder: `starter.py`
+  (what the student edits), or `solution.py` when DFLASH_LABS=solutions.
+- `demo`: the demo pair, one per session, loaded on first use.
+- A starter function that still raises NotImplementedError fails its lab with one line naming
+  the file to edit, and a failed check with its message alone, not a traceback (`--tb=long` shows it).
+- `-k NAME`, where NAME is a lab's name exactly (`-k rope`), selects that lab alone, not every lab
+  whose name contains it (`interleaved_rope`).
+"""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # _lab_helpers, wherever pytest is started
+
+from _lab_helpers import LABS, ROOT, DemoPair, graded_kind, short_name  # noqa: E402
+
+
+def pytest_configure(config):
+    import torch
+    torch.set_num_threads(1)  # tiny models: one thread is as fast, and far steadier on a busy machine
+
+
+@pytest.fixture(scope="session")
+def demo() -> DemoPair:
+    return DemoPair()
+
+
+@pytest.fixture
+def lab(request):
+    """The graded module of the requesting grader's lab."""
+    folder = request.path.parent
+    path = folder / f"{graded_kind()}.py"
+    spec = importlib.util.spec_from_file_location(f"lab_{folder.name}_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def unwritten_function(error: BaseException):
+    """(file, function name) where a NotImplementedError was raised, if that is a lab's starter or solution."""
+    traceback = error.__traceback__
+    while traceback.tb_next is not None:
+        traceback = traceback.tb_next
+    code = traceback.tb_frame.f_code
+    path = Path(code.co_filename).resolve()
+    if path.parent.parent == LABS and path.name in ("starter.py", "solution.py"):
+        return path, code.co_qualname
+    return None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """A grader's verdict as the student should read it: one line, not a traceback through the grader (run with
+    --tb=long to see that). An unwritten starter function names the file to edit; a failed check keeps its
+    message and drops pytest's introspection of the comparison."""
+    try:
+        return (yield)
+    except NotImplementedError as error:
+        where = unwritten_function(error)
+        if where is None:
+            raise
+        path, function = where
+        message = f"{path.parent.name}: {function} is not written yet - edit {path.relative_to(ROOT).as_posix()}"
+    except AssertionError as error:
+        message = str(error).split("\nassert ")[0]
+        if item.config.option.tbstyle != "auto" or not message.startswith(item.path.parent.name):
+            raise  # asked for the whole story, or a failure that is not a grader's verdict
+    pytest.fail(message, pytrace=False)  # outside the except clauses: without the exception it replaces
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    wanted = (config.option.keyword or "").strip()
+    in_labs = [item for item in items if item.path.parent.parent == LABS]
+    if wanted not in {short_name(item.path.parent) for item in in_labs}:
+        return
+    others = [item for item in in_labs if short_name(item.path.parent) != wanted]  # e.g. interleaved_rope for rope
+    if others:
+        config.hook.pytest_deselected(items=others)
+        items[:] = [item for item in items if item not in others]
