@@ -42,18 +42,21 @@ from dflash.qwen3 import Qwen3  # noqa: E402
 from dflash.sampling import Sampling, generation_config, keep_only, sampled_slots  # noqa: E402
 from dflash.tokenizer import find_tokenizer, stop_token_ids  # noqa: E402
 
-SUMMARY = ("prompts", "tau", "tokens_per_second", "speedup", "ideal_speedup", "efficiency", "accuracy",
-           "first_token_ms", "time_per_output_token_ms")  # the figures of a loop printed, in order
+SUMMARY = ("prompts", "tau", "tokens_per_second", "speedup", "speedup_over_fastest_plain", "ideal_speedup", "efficiency",
+           "accuracy", "first_token_ms", "time_per_output_token_ms")  # the figures of a loop printed, in order
 
 
-# baseline: the plain loop's runs at the same sampling; policy: how DFlash drafts; filters: "" or e.g. "k20 p0.8".
-Row = namedtuple("Row", "kind temperature block_size runs baseline policy filters", defaults=("greedy", ""))
+# baseline: the plain loop's runs at the same sampling (and compile mode); policy: how DFlash drafts; filters: "" or
+# e.g. "k20 p0.8"; compiled: the passes ran through torch.compile; warmup_seconds: the unmeasured calls before the runs.
+Row = namedtuple("Row", "kind temperature block_size runs baseline policy filters compiled warmup_seconds",
+                 defaults=("greedy", "", False, None))
 
 
 def row_label(row: dict) -> str:
     """How the progress lines, the acceptance lines and the plots name a row (a report's, or its fields)."""
     drafts = "" if row["kind"] == "plain" else f", block {row['block_size']}, {row['policy']} drafts"
-    return f"{row['kind']}{drafts}, T={row['temperature']:g} {row['filters']}".rstrip()
+    mode = ", compiled" if row.get("compiled") else ""
+    return f"{row['kind']}{drafts}{mode}, T={row['temperature']:g} {row['filters']}".rstrip()
 
 
 def benchmark(loops: Loops, prompts: Sequence[BenchPrompt], block_sizes: Sequence[int], temperatures: Sequence[float],
@@ -71,15 +74,27 @@ def benchmark(loops: Loops, prompts: Sequence[BenchPrompt], block_sizes: Sequenc
                                             for policy in (["greedy"] if sampling.greedy else policies)]
                                          + [(f"tree {n}", max(block_sizes), "greedy") for n in trees]
                                          + [("oracle", b, "greedy") for b in block_sizes if ceiling]):
-            row = Row(kind, sampling.temperature, block_size, None, None, policy, sampling.filters)
+            row = Row(kind, sampling.temperature, block_size, None, None, policy, sampling.filters,
+                      loops.runner_options.get("compile", False))
             print(f"[bench] {row_label(row._asdict())}", file=sys.stderr)
-            # A short, unmeasured call pays for allocations, kernel selection, compiling, recording CUDA graphs.
-            loops.run(kind, block_size, prompts[0], sampling, min(loops.max_new_tokens, 4 * max(block_sizes)),
-                      policy=policy)
+            warmup_seconds = warm_up(loops, row, sampling, prompts)
             runs = [loops.measure(kind, block_size, p, sampling, truth, policy) for p, truth in zip(prompts, truths)]
             baselines.setdefault(sampling, runs)  # the plain loop's, measured first
-            rows.append(row._replace(runs=runs, baseline=baselines[sampling]))
+            rows.append(row._replace(runs=runs, baseline=baselines[sampling], warmup_seconds=warmup_seconds))
     return baselines, rows
+
+
+def warm_up(loops: Loops, row: Row, sampling: Sampling, prompts: Sequence[BenchPrompt]) -> float:
+    """Unmeasured calls that pay for allocations, kernel selection, compiling and recording CUDA graphs: the shortest
+    and the longest prompt to the limit, never stopping, so that every bucket of cache slots a measured call reads
+    (`generate.keys_bucket`) is compiled before the clock runs. Returns their seconds (compiling included)."""
+    began = time.perf_counter()
+    by_length = sorted(prompts, key=lambda p: len(p.ids))
+    for prompt in by_length[:1] + by_length[-1:]:
+        loops.run(row.kind, row.block_size, prompt, sampling, stop=False, policy=row.policy)
+    seconds = time.perf_counter() - began
+    print(f"[bench]   warm-up {seconds:.1f} s", file=sys.stderr)
+    return seconds
 
 
 def time_transformers(model_dir: Path, prompts: Sequence[BenchPrompt], max_new_tokens: int, stop_ids: Sequence[int],
@@ -130,7 +145,9 @@ def build_report(conditions: dict, prompts: Sequence[BenchPrompt], rows: Sequenc
                 **({"oracle_tau": oracle[i].result.mean_acceptance} if oracle else {})})  # speedup: the oracle row's
         summary = summarize_row(row.runs, row.baseline, row.temperature, row.block_size)
         reports.append({"kind": row.kind, "block_size": row.block_size, "temperature": row.temperature,
-                        "policy": row.policy, "filters": row.filters, **summary, "per_prompt": per_prompt})
+                        "policy": row.policy, "filters": row.filters, "compiled": row.compiled,
+                        "warmup_seconds": row.warmup_seconds, **summary, "per_prompt": per_prompt})
+    add_speedup_over_fastest_plain(reports)
     chains = {(r["block_size"], r["temperature"], r["filters"]): r for r in reports
               if r["kind"] == "DFlash" and r["policy"] == "greedy"}
     for tree in (r for r in reports if r["kind"].startswith("tree ")):
@@ -144,11 +161,26 @@ def build_report(conditions: dict, prompts: Sequence[BenchPrompt], rows: Sequenc
             "rows": [r for r in reports if r["kind"] != "plain"]}
 
 
+def add_speedup_over_fastest_plain(reports: list[dict]) -> None:
+    """Each loop's speed also against the fastest plain loop this run measured at its sampling, eager or compiled:
+    a speedup over a slow baseline says little. Set on both halves, as `speedup_over_fastest_plain`."""
+    for half in ("all", "non_degenerate"):
+        fastest = {}
+        for plain in (r for r in reports if r["kind"] == "plain"):
+            key, speed = (plain["temperature"], plain["filters"]), plain[half].get("tokens_per_second") or 0.0
+            fastest[key] = max(fastest.get(key, 0.0), speed)
+        for r in reports:
+            r[half]["speedup_over_fastest_plain"] = ratio(r[half].get("tokens_per_second"),
+                                                          fastest.get((r["temperature"], r["filters"])) or None)
+
+
 def print_report(report: dict) -> None:
     """Every loop over all prompts, then the non-degenerate ones if any was left out; acceptance, memory, peer."""
     rows = sorted(report["baselines"] + report["rows"], key=lambda row: (row["temperature"], row["filters"]))
-    columns = [("temp", "g"), ("filters", "s"), ("block", "d"), ("loop", "s"), ("same", "d"), ("prompts", "d"),
-               ("tau", ".2f"), ("tok/s", ".1f"), ("speedup", ".2fx"), ("ideal", ".2fx"), ("efficiency", ".2f"),
+    rows = sorted(rows, key=lambda row: (row["temperature"], row["filters"], row["compiled"]))
+    columns = [("temp", "g"), ("filters", "s"), ("mode", "s"), ("block", "d"), ("loop", "s"), ("same", "d"),
+               ("prompts", "d"), ("tau", ".2f"), ("tok/s", ".1f"), ("speedup", ".2fx"), ("vs fastest", ".2fx"),
+               ("ideal", ".2fx"), ("efficiency", ".2f"),
                ("correct", ".0%")] + [(name, ".2f") for name in ("1st ms", "token ms", "draft", "verify", "decode",
                                                                   "rest", "step")]
     for half in ("all", "non_degenerate"):
@@ -159,12 +191,18 @@ def print_report(report: dict) -> None:
                 kept = [p for p in r["per_prompt"] if half == "all" or not p["degenerate"]]
                 same = sum(p["identical_to_baseline"] for p in kept) if r["temperature"] == 0 else None
                 loop = r["kind"] if r["policy"] == "greedy" else f"{r['kind']} {r['policy']}"
-                lines.append([r["temperature"], r["filters"], r["block_size"], loop, same, *map(figures.get, SUMMARY),
+                mode = "compiled" if r["compiled"] else "eager"
+                lines.append([r["temperature"], r["filters"], mode, r["block_size"], loop, same,
+                              *map(figures.get, SUMMARY),
                               *map(steps.get, ("draft", "verify", "decode", "accept_and_bookkeeping")), step_ms(steps)])
             print_table(f"{half.replace('_', '-')} prompts (same: greedy output as the plain loop's; correct: the last "
                         "number is the answer;\ntau: an answer's last step counted whole, even past the end of the "
-                        "output; ideal: from the tokens a step added to it;\nms: to the 1st token, per token after it, "
-                        "per step: draft, verify, decode, the rest (accepting, bookkeeping), in all)", columns, lines)
+                        "output; speedup: over the plain loop of its mode; vs fastest: over the fastest plain loop of "
+                        "the run;\nideal: from the tokens a step added to it; ms: to the 1st token, per token after "
+                        "it, per step: draft, verify, decode, the rest (accepting, bookkeeping), in all)", columns, lines)
+    warmups = [f"{row_label(r)} {r['warmup_seconds']:.1f} s" for r in report["baselines"] + report["rows"]
+               if r["warmup_seconds"] is not None]
+    print("warm-up, unmeasured (the shortest and the longest prompt; compiling included): " + "; ".join(warmups))
     for row in report["rows"]:  # how often draft slot k was kept, given slot k-1 was
         rates = " ".join("-" if r is None else f"{r:.2f}" for r in row["all"]["per_position_acceptance"])
         print(f"acceptance per slot, {row_label(row)}: {rates}")
@@ -221,7 +259,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=positive_int, default=128)
     p.add_argument("--seed", type=int, default=0)
     add_device_options(p)
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="default: on for CUDA")
+    p.add_argument("--compile", nargs="?", const="on", choices=["on", "off", "both"], default=None,
+                   help="torch.compile the fixed-shape passes; `both`: eager, then compiled, each speedup also against "
+                        "the faster of the two plain loops (default: on for CUDA, off for the CPU)")
+    p.add_argument("--no-compile", dest="compile", action="store_const", const="off", help="the eager passes only")
+    p.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's own choice)")
     add_prompt_options(p)
     p.add_argument("--oracle", action=argparse.BooleanOptionalAction, default=True, help="also the ceiling, greedy")
     p.add_argument("--peer", choices=["transformers"], help="also time transformers' greedy generate (`peer` extra)")
@@ -243,6 +285,8 @@ def run(args) -> int:
         check_output(args.plots, "--plots", folder=True)
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     target = Qwen3.from_pretrained(args.model, device=device, dtype=dtype)
     drafter = Drafter.from_pretrained(args.draft, target=target, device=device, dtype=dtype)
     tokenizer = find_tokenizer(args.model)
@@ -258,12 +302,13 @@ def run(args) -> int:
     config = generation_config(args.model) if "config" in args.filters else {}
     filter_sets = [{} if f == "none" else dict(top_k=config.get("top_k", 0), top_p=config.get("top_p", 1.0),
                                                min_p=config.get("min_p", 0.0)) for f in args.filters]
-    compile = device.type == "cuda" if args.compile is None else args.compile
-    loops = Loops(target, drafter, stop_token_ids(args.model, tokenizer), args.seed, args.max_new_tokens,
-                  max_length=max(len(p.ids) for p in prompts) + args.max_new_tokens + 2 * max(block_sizes),
-                  runner_options=dict(compile=compile, mode="reduce-overhead" if device.type == "cuda" else None),
-                  decode=(lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None,
-                  engine=generate)
+    compile = args.compile or ("on" if device.type == "cuda" else "off")
+    loops = [Loops(target, drafter, stop_token_ids(args.model, tokenizer), args.seed, args.max_new_tokens,
+                   max_length=max(len(p.ids) for p in prompts) + args.max_new_tokens + 2 * max(block_sizes),
+                   runner_options=dict(compile=compiled, mode="reduce-overhead" if device.type == "cuda" else None),
+                   decode=(lambda ids: tokenizer.decode(ids, skip_special_tokens=True)) if tokenizer else None,
+                   engine=generate)
+             for compiled in {"off": [False], "on": [True], "both": [False, True]}[compile]]
     cpus = re.findall(r"model name\s*:\s*(.+)", Path("/proc/cpuinfo").read_text()) if sys.platform == "linux" else []
     chip = torch.cuda.get_device_name(device) if device.type == "cuda" else (cpus or ["unknown CPU"])[0]
     conditions = {**vars(args), "machine": chip, "torch": torch.__version__, "threads": torch.get_num_threads(),
@@ -271,11 +316,15 @@ def run(args) -> int:
                   "batch_size": 1, "prompts_file": args.prompts, "prompts": len(prompts), "block_sizes": block_sizes,
                   "healed_prompts": sum(p.first_token_choices is not None for p in prompts)}
     print("conditions:\n" + "\n".join(f"  {key.replace('_', ' ')}: {value}" for key, value in conditions.items()))
-    baselines, rows = benchmark(loops, prompts, block_sizes, args.temperatures, args.oracle, args.trees,
-                                args.draft_policy, filter_sets)
+    baselines, rows = {}, []
+    for mode in loops:  # eager, then compiled
+        mode_baselines, mode_rows = benchmark(mode, prompts, block_sizes, args.temperatures, args.oracle, args.trees,
+                                              args.draft_policy, filter_sets)
+        baselines.setdefault(Sampling(), mode_baselines.get(Sampling()))  # the peer's comparison: the first mode's
+        rows += mode_rows
     memory = {"what": "torch.cuda.max_memory_allocated" if device.type == "cuda" else "RSS high-water mark (VmHWM)",
               "bytes": peak_memory(device)}  # before the peer loads a second copy of the target
-    peer = time_transformers(args.model, prompts, args.max_new_tokens, loops.stop_ids, device, dtype,
+    peer = time_transformers(args.model, prompts, args.max_new_tokens, loops[0].stop_ids, device, dtype,
                              baselines[Sampling()]) if args.peer else None
     report = build_report(conditions, prompts, rows, memory, peer)
     print_report(report)

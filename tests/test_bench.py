@@ -263,3 +263,21 @@ def test_a_policy_that_samples_is_refused_at_temperature_zero(capsys):
                        "--temperatures", "0", "--draft-policy", "sampled"])
     lines = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(lines) == 1 and lines[0].startswith("error: ")
+
+
+def test_compile_option_reads_as_before_and_both_runs_each_mode():
+    parser = bench.build_parser()
+    assert parser.parse_args([]).compile is None  # the device decides
+    assert parser.parse_args(["--compile"]).compile == "on" and parser.parse_args(["--no-compile"]).compile == "off"
+    assert parser.parse_args(["--compile", "both"]).compile == "both"
+
+
+def test_every_loop_is_also_compared_with_the_fastest_plain_loop_of_its_sampling():
+    def report(kind, compiled, speed, temperature=0.0):
+        halves = {half: {"tokens_per_second": speed} for half in ("all", "non_degenerate")}
+        return {"kind": kind, "compiled": compiled, "temperature": temperature, "filters": "", **halves}
+
+    reports = [report("plain", False, 100.0), report("DFlash", False, 250.0), report("plain", True, 200.0),
+               report("DFlash", True, 300.0), report("plain", False, 50.0, 0.7), report("DFlash", False, 120.0, 0.7)]
+    bench.add_speedup_over_fastest_plain(reports)
+    assert [r["all"]["speedup_over_fastest_plain"] for r in reports] == [0.5, 1.25, 1.0, 1.5, 1.0, 2.4]
