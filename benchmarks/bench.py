@@ -42,8 +42,8 @@ from dflash.qwen3 import Qwen3  # noqa: E402
 from dflash.sampling import Sampling, generation_config, keep_only, sampled_slots  # noqa: E402
 from dflash.tokenizer import find_tokenizer, stop_token_ids  # noqa: E402
 
-SUMMARY = ("prompts", "tau", "tokens_per_second", "speedup", "speedup_over_fastest_plain", "ideal_speedup", "efficiency",
-           "accuracy", "first_token_ms", "time_per_output_token_ms")  # the figures of a loop printed, in order
+SUMMARY = ("prompts", "tau", "tokens_per_second", "speedup", "speedup_over_fastest_plain", "ideal_speedup",
+           "efficiency", "accuracy", "first_token_ms", "time_per_output_token_ms")  # the figures of a loop printed, in order
 
 
 # baseline: the plain loop's runs at the same sampling (and compile mode); policy: how DFlash drafts; filters: "" or
@@ -199,7 +199,8 @@ def print_report(report: dict) -> None:
                         "number is the answer;\ntau: an answer's last step counted whole, even past the end of the "
                         "output; speedup: over the plain loop of its mode; vs fastest: over the fastest plain loop of "
                         "the run;\nideal: from the tokens a step added to it; ms: to the 1st token, per token after "
-                        "it, per step: draft, verify, decode, the rest (accepting, bookkeeping), in all)", columns, lines)
+                        "it, per step: draft, verify, decode, the rest (accepting, bookkeeping), in all)",
+                        columns, lines)
     warmups = [f"{row_label(r)} {r['warmup_seconds']:.1f} s" for r in report["baselines"] + report["rows"]
                if r["warmup_seconds"] is not None]
     print("warm-up, unmeasured (the shortest and the longest prompt; compiling included): " + "; ".join(warmups))
