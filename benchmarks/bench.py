@@ -42,8 +42,9 @@ from dflash.qwen3 import Qwen3  # noqa: E402
 from dflash.sampling import Sampling, generation_config, keep_only, sampled_slots  # noqa: E402
 from dflash.tokenizer import find_tokenizer, stop_token_ids  # noqa: E402
 
+# The figures of a loop printed, in order.
 SUMMARY = ("prompts", "tau", "tokens_per_second", "speedup", "speedup_over_fastest_plain", "ideal_speedup",
-           "efficiency", "accuracy", "first_token_ms", "time_per_output_token_ms")  # the figures of a loop printed, in order
+           "efficiency", "accuracy", "first_token_ms", "time_per_output_token_ms")
 
 
 # baseline: the plain loop's runs at the same sampling (and compile mode); policy: how DFlash drafts; filters: "" or
