@@ -281,3 +281,11 @@ def test_every_loop_is_also_compared_with_the_fastest_plain_loop_of_its_sampling
                report("DFlash", True, 300.0), report("plain", False, 50.0, 0.7), report("DFlash", False, 120.0, 0.7)]
     bench.add_speedup_over_fastest_plain(reports)
     assert [r["all"]["speedup_over_fastest_plain"] for r in reports] == [0.5, 1.25, 1.0, 1.5, 1.0, 2.4]
+
+
+def test_pass_costs_fits_overhead_and_per_token_cost():
+    import pass_costs
+
+    overhead, per_token = pass_costs.fit_line([(1, 1.3), (2, 1.5), (4, 1.9), (8, 2.7), (16, 4.3)])
+    assert overhead == pytest.approx(1.1) and per_token == pytest.approx(0.2)
+    assert pass_costs.build_parser().parse_args([]).tokens == [2, 4, 8, 16]

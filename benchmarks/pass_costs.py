@@ -1,0 +1,163 @@
+"""What one pass costs for 1 to 16 tokens, eager and compiled: the cost model behind DFlash's speedup.
+
+    python benchmarks/pass_costs.py                                  # the demo pair, eager and compiled, one thread
+    python benchmarks/pass_costs.py --threads 2 --json docs/results/pass_costs_cpu.json
+
+A speculative step replaces k decode passes by one draft and one verify of B tokens, so its speedup is at most
+k * decode / (draft(B) + verify(B)). How a pass's time grows with its tokens decides that ratio: overhead-bound
+passes (eager PyTorch: every operator pays the Python dispatcher; a GPU reading its weights) cost nearly the same
+for 1 and 16 tokens, compute-bound ones (a compiled pass on a CPU core) grow with them. Each pass is timed
+through the runner the loops use, at a fixed cache length, as the minimum over interleaved rounds (a shared
+machine's noise only ever adds time), and the verify costs are fitted by least squares to overhead + n * per-token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+import generate  # noqa: E402
+from dflash.cli import OneLineErrors, check_output, checked, positive_int, run_cli  # noqa: E402
+from dflash.drafter import Drafter  # noqa: E402
+from dflash.qwen3 import Qwen3  # noqa: E402
+
+
+def fastest(calls: dict[str, Callable[[], object]], rounds: int, repeats: int) -> dict[str, float]:
+    """Seconds per call of each callable: the minimum over `rounds` of the mean of `repeats` calls, the callables
+    taking turns within a round so that a busy spell of the machine slows all of them, not one."""
+    best = {name: float("inf") for name in calls}
+    for call in calls.values():
+        call()  # compiles, allocates
+    for _ in range(rounds):
+        for name, call in calls.items():
+            began = time.perf_counter()
+            for _ in range(repeats):
+                call()
+            best[name] = min(best[name], (time.perf_counter() - began) / repeats)
+    return best
+
+
+def runner_at(target: Qwen3, drafter: Drafter, tokens: int, context: int, compiled: bool) -> generate.ModelRunner:
+    """A runner for blocks of `tokens`, its caches filled with a `context`-token prompt and its first draft."""
+    runner = generate.ModelRunner(target, drafter, max_length=context + 64, block_size=tokens, compile=compiled)
+    prompt = torch.randint(0, target.config.vocab_size - 2, (context,), generator=torch.Generator().manual_seed(0))
+    first, features = runner.prefill(prompt, 0.0, None)
+    runner.draft(features, first, context)  # eager: the drafter's cache takes the prompt
+    return runner
+
+
+def pass_calls(runner: generate.ModelRunner, tokens: int, context: int, label: str) -> dict[str, Callable]:
+    """The verify and draft passes of a steady-state step (half the last block accepted), each leaving the caches
+    as it found them, so that every call costs the same."""
+    drafts = torch.arange(1, tokens)  # (tokens - 1,): any ids
+    drafter_length = runner.drafter_cache.length = context - tokens // 2  # the accepted half is not in it yet
+
+    def draft():
+        runner.draft(runner.features, 1, context)
+        runner.drafter_cache.length = drafter_length  # undo its commit
+
+    return {f"{label} verify {tokens}": lambda: runner.verify(drafts, 0.0, None), f"{label} draft {tokens}": draft}
+
+
+def fit_line(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares (overhead, per_token) of seconds = overhead + tokens * per_token."""
+    n = len(points)
+    mean_x, mean_y = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    slope = (sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x, _ in points))
+    return mean_y - slope * mean_x, slope
+
+
+@torch.no_grad()
+def measure(args) -> dict:
+    torch.manual_seed(0)
+    target = Qwen3.from_pretrained(args.model)
+    drafter = Drafter.from_pretrained(args.draft, target=target)
+    calls, largest = {}, max(args.tokens)
+    for compiled in (False, True):
+        label = "compiled" if compiled else "eager"
+        plain = generate.ModelRunner(target, None, max_length=args.context + 64, compile=compiled)
+        plain.prefill(torch.arange(2, args.context + 2), 0.0, None)
+        calls[f"{label} decode 1"] = lambda plain=plain: plain.decode(1, 0.0, None)
+        for tokens in args.tokens:
+            calls |= pass_calls(runner_at(target, drafter, tokens, args.context, compiled), tokens, args.context,
+                                label)
+        print(f"[pass costs] {label} runners ready", file=sys.stderr)
+    seconds = fastest(calls, args.rounds, args.repeats)
+    report = {"conditions": {"model": str(args.model), "draft": str(args.draft), "context": args.context,
+                             "threads": torch.get_num_threads(), "torch": torch.__version__,
+                             "rounds": args.rounds, "repeats": args.repeats}, "modes": {}}
+    for label in ("eager", "compiled"):
+        ms = {name.removeprefix(f"{label} "): 1e3 * s for name, s in seconds.items() if name.startswith(label)}
+        overhead, per_token = fit_line([(1, ms["decode 1"])] + [(n, ms[f"verify {n}"]) for n in args.tokens])
+        decode = ms["decode 1"]
+        report["modes"][label] = {
+            "ms": ms, "verify_fit_ms": {"overhead": overhead, "per_token": per_token},
+            "verify_over_decode": {n: ms[f"verify {n}"] / decode for n in args.tokens},
+            "draft_over_decode": {n: ms[f"draft {n}"] / decode for n in args.tokens},
+            # The most a step of the largest block can gain when it adds `tokens_per_step` tokens: k decodes over
+            # one draft and one verify (a smaller block adds fewer tokens: measure it with bench.py).
+            "ideal_speedup": args.tokens_per_step * decode / (ms[f"draft {largest}"] + ms[f"verify {largest}"])}
+    return report
+
+
+def print_report(report: dict, tokens: Sequence[int], tokens_per_step: float) -> None:
+    conditions = report["conditions"]
+    print(f"pass costs, demo pair, cache length {conditions['context']}, {conditions['threads']} thread(s), "
+          f"torch {conditions['torch']}, minimum over {conditions['rounds']} rounds (ms)")
+    for label, mode in report["modes"].items():
+        ms, fit = mode["ms"], mode["verify_fit_ms"]
+        print(f"\n{label}: decode {ms['decode 1']:.3f}; verify = {fit['overhead']:.3f} + n * {fit['per_token']:.3f} "
+              f"(overhead + n tokens * per token, fitted)")
+        print("  block   verify  draft  verify/decode  draft/decode")
+        for n in tokens:
+            print(f"  {n:5d} {ms[f'verify {n}']:8.3f} {ms[f'draft {n}']:6.3f} {mode['verify_over_decode'][n]:14.2f} "
+                  f"{mode['draft_over_decode'][n]:13.2f}")
+        print(f"  ideal speedup at block {max(tokens)}, {tokens_per_step:g} tokens per step: "
+              f"{mode['ideal_speedup']:.2f}x")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineErrors(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, default=generate.WEIGHTS / "tiny-qwen3")
+    p.add_argument("--draft", type=Path, default=generate.WEIGHTS / "tiny-qwen3-dflash")
+    p.add_argument("--tokens", type=checked(int, "at least 2", lambda x: x >= 2), nargs="+", default=[2, 4, 8, 16],
+                   help="the block sizes whose verify and draft passes are timed (decode is 1 token)")
+    p.add_argument("--context", type=positive_int, default=100, help="committed tokens in the caches")
+    p.add_argument("--tokens-per-step", type=float, default=6.5,
+                   help="for the ideal speedup: the tokens a block-16 step adds (the demo pair's, measured by bench.py)")
+    p.add_argument("--threads", type=positive_int, default=1, help="CPU threads for torch")
+    p.add_argument("--rounds", type=positive_int, default=15)
+    p.add_argument("--repeats", type=positive_int, default=10)
+    p.add_argument("--json", type=Path, help="also write the figures to this file")
+    return p
+
+
+def run(args) -> int:
+    if args.json:
+        check_output(args.json, "--json")
+    torch.set_num_threads(args.threads)
+    report = measure(args)
+    print_report(report, args.tokens, args.tokens_per_step)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(build_parser(), run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
