@@ -135,7 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the block sizes whose verify and draft passes are timed (decode is 1 token)")
     p.add_argument("--context", type=positive_int, default=100, help="committed tokens in the caches")
     p.add_argument("--tokens-per-step", type=float, default=6.5,
-                   help="for the ideal speedup: the tokens a block-16 step adds (the demo pair's, measured by bench.py)")
+                   help="for the ideal speedup: the tokens a step of the largest block adds (bench.py measures it)")
     p.add_argument("--threads", type=positive_int, default=1, help="CPU threads for torch")
     p.add_argument("--rounds", type=positive_int, default=15)
     p.add_argument("--repeats", type=positive_int, default=10)
