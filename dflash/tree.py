@@ -92,17 +92,39 @@ def ancestor_mask(parents: list[int]) -> list[list[bool]]:
     return mask
 
 
-def verify_inputs(tree: DraftTree, budget: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The tree as fixed-shape tensors for budget N: tokens (N+1,), depths (N+1,) and mask (N+1, N+1).
+def ancestor_mask_by_doubling(parents: torch.Tensor, depth_limit: int) -> torch.Tensor:
+    """`ancestor_mask` as tensor ops on the parents' device: parents (n,), -1 for the root and padding, gives
+    mask (n, n). Built where the verify pass runs, with no host round trip and a number of ops fixed by the shapes
+    (one compiled graph, no sync): pointer doubling. `up` starts at each node's parent (parentless nodes: themselves)
+    and a row holds the node and its parent; each round a row takes in the row of its node's `up`, and `up` jumps
+    twice as far. After k rounds a row holds every ancestor within 2^k steps, so ceil(log2(depth_limit)) rounds
+    reach the root from any node at most `depth_limit` deep."""
+    nodes = torch.arange(parents.shape[0], device=parents.device)  # (n,)
+    up = torch.where(parents < 0, nodes, parents)  # (n,): each node's parent, or itself
+    mask = (nodes[:, None] == nodes) | (up[:, None] == nodes)  # (n, n): itself and its parent
+    for _ in range((max(depth_limit, 1) - 1).bit_length()):  # ceil(log2(depth_limit)) rounds
+        mask = mask | mask[up]  # (n, n): row i also holds up[i]'s row
+        up = up[up]  # (n,): twice as far up
+    return mask
+
+
+def verify_inputs(tree: DraftTree, budget: int, device: torch.device | str | None = None, *,
+                  depth_limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The tree as fixed-shape tensors for budget N on `device`: tokens (N+1,), depths (N+1,) and mask (N+1, N+1).
 
     Padded to N for one compiled shape per budget: a padding node is a parentless copy of the root
-    that no node sees or descends from, so the walk never reaches it.
+    that no node sees or descends from, so the walk never reaches it. Only the nodes' tokens, depths and
+    parents cross to the device, in one copy; the mask, O(N^2), is built there. `depth_limit` (default N):
+    no node is deeper, so the mask needs ceil(log2(depth_limit)) doubling rounds; a tree's depth is at most
+    the drafted slots, block - 1.
     """
+    depth_limit = min(depth_limit or budget, budget)  # a tree of N nodes is at most N deep
+    if max(tree.depths) > depth_limit:
+        raise ValueError(f"a node {max(tree.depths)} deep, past the depth limit {depth_limit}")
     padding = budget - tree.size
-    tokens = tree.tokens + [tree.tokens[0]] * padding
-    depths = tree.depths + [0] * padding
-    mask = ancestor_mask(tree.parents + [-1] * padding)
-    return torch.tensor(tokens), torch.tensor(depths), torch.tensor(mask)
+    rows = [tree.tokens + [tree.tokens[0]] * padding, tree.depths + [0] * padding, tree.parents + [-1] * padding]
+    tokens, depths, parents = torch.tensor(rows).to(device)  # (3, N+1) -> (N+1,) each, in one copy
+    return tokens, depths, ancestor_mask_by_doubling(parents, depth_limit)
 
 
 # ------------------------------------------------------- the walk, and the kept path
