@@ -92,39 +92,31 @@ def ancestor_mask(parents: list[int]) -> list[list[bool]]:
     return mask
 
 
-def ancestor_mask_by_doubling(parents: torch.Tensor, depth_limit: int) -> torch.Tensor:
-    """`ancestor_mask` as tensor ops on the parents' device: parents (n,), -1 for the root and padding, gives
-    mask (n, n). Built where the verify pass runs, with no host round trip and a number of ops fixed by the shapes
-    (one compiled graph, no sync): pointer doubling. `up` starts at each node's parent (parentless nodes: themselves)
-    and a row holds the node and its parent; each round a row takes in the row of its node's `up`, and `up` jumps
-    twice as far. After k rounds a row holds every ancestor within 2^k steps, so ceil(log2(depth_limit)) rounds
-    reach the root from any node at most `depth_limit` deep."""
+def ancestor_mask_by_solve(parents: torch.Tensor) -> torch.Tensor:
+    """`ancestor_mask` as tensor ops where the verify pass runs: parents (n,), -1 for the root and padding, give
+    mask (n, n), with no host round trip and a fixed number of ops. The list version's rule, a node's row is its
+    parent's row with itself added, reads M = I + A M, where A[i, j] = 1 when j is i's parent: (I - A) M = I.
+    Parents come first, so I - A is lower triangular with a unit diagonal, and one forward substitution (a
+    triangular solve) finds every row. An entry counts the paths from node i up to node j: 0 or 1, exact."""
     nodes = torch.arange(parents.shape[0], device=parents.device)  # (n,)
-    up = torch.where(parents < 0, nodes, parents)  # (n,): each node's parent, or itself
-    mask = (nodes[:, None] == nodes) | (up[:, None] == nodes)  # (n, n): itself and its parent
-    for _ in range((max(depth_limit, 1) - 1).bit_length()):  # ceil(log2(depth_limit)) rounds
-        mask = mask | mask[up]  # (n, n): row i also holds up[i]'s row
-        up = up[up]  # (n,): twice as far up
-    return mask
+    eye = torch.eye(parents.shape[0], device=parents.device)  # (n, n)
+    parent_of = (parents[:, None] == nodes).float()  # (n, n): A; a row of -1 (root, padding) matches no node
+    paths = torch.linalg.solve_triangular(eye - parent_of, eye, upper=False, unitriangular=True)  # (n, n): M
+    return paths > 0.5
 
 
-def verify_inputs(tree: DraftTree, budget: int, device: torch.device | str | None = None, *,
-                  depth_limit: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def verify_inputs(tree: DraftTree, budget: int,
+                  device: torch.device | str | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The tree as fixed-shape tensors for budget N on `device`: tokens (N+1,), depths (N+1,) and mask (N+1, N+1).
 
     Padded to N for one compiled shape per budget: a padding node is a parentless copy of the root
     that no node sees or descends from, so the walk never reaches it. Only the nodes' tokens, depths and
-    parents cross to the device, in one copy; the mask, O(N^2), is built there. `depth_limit` (default N):
-    no node is deeper, so the mask needs ceil(log2(depth_limit)) doubling rounds; a tree's depth is at most
-    the drafted slots, block - 1.
+    parents cross to the device, in one copy; the mask, O(N^2), is built there.
     """
-    depth_limit = min(depth_limit or budget, budget)  # a tree of N nodes is at most N deep
-    if max(tree.depths) > depth_limit:
-        raise ValueError(f"a node {max(tree.depths)} deep, past the depth limit {depth_limit}")
     padding = budget - tree.size
     rows = [tree.tokens + [tree.tokens[0]] * padding, tree.depths + [0] * padding, tree.parents + [-1] * padding]
     tokens, depths, parents = torch.tensor(rows).to(device)  # (3, N+1) -> (N+1,) each, in one copy
-    return tokens, depths, ancestor_mask_by_doubling(parents, depth_limit)
+    return tokens, depths, ancestor_mask_by_solve(parents)
 
 
 # ------------------------------------------------------- the walk, and the kept path

@@ -19,7 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from dflash import measure
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
-from dflash.tree import DraftTree, ancestor_mask, ancestor_mask_by_doubling, build_tree, path_slots, verify_inputs, walk
+from dflash.tree import DraftTree, ancestor_mask, ancestor_mask_by_solve, build_tree, path_slots, verify_inputs, walk
 from generate import ModelRunner, decode_pass, generate_autoregressive, generate_dflash, generate_dflash_tree
 from tests.test_compile import CountingBackend, no_recompiles  # noqa: F401 (a fixture)
 from tests.test_cuda_graph_rules import OverwriteEarlierOutputs
@@ -92,19 +92,9 @@ def test_the_mask_built_on_the_device_is_the_ancestor_mask(shape):
         for depth_limit in {1, 2, 3, 15, budget}:  # 15: a block of 16's drafted slots
             tree = random_tree(rng, budget, min(depth_limit, budget), shape)
             padding = budget - tree.size
-            _, _, mask = verify_inputs(tree, budget, depth_limit=depth_limit)
+            _, _, mask = verify_inputs(tree, budget)
             assert mask.tolist() == ancestor_mask(tree.parents + [-1] * padding), (budget, depth_limit, tree.parents)
-
-
-def test_the_depth_limit_sets_the_doubling_rounds_and_a_deeper_tree_is_refused():
-    chain = torch.arange(-1, 16)  # parents of a 16-deep chain: node i's parent is i - 1
-    assert ancestor_mask_by_doubling(chain, 16)[16].all()  # 4 rounds: the deepest node sees the root
-    assert not ancestor_mask_by_doubling(chain, 8)[16, 0]  # 3 rounds reach 8 up: one round short shows
-    tree = DraftTree.rooted_at(0)
-    for node in range(4):
-        tree.add(1, node, 0.0)
-    with pytest.raises(ValueError, match="4 deep, past the depth limit 3"):
-        verify_inputs(tree, budget=8, depth_limit=3)
+    assert ancestor_mask_by_solve(torch.arange(-1, 64))[64].all()  # a chain 64 deep: its last node sees them all
 
 
 class CrossingsAndOps(TorchDispatchMode):
@@ -124,13 +114,13 @@ class CrossingsAndOps(TorchDispatchMode):
 
 def test_only_tokens_depths_and_parents_cross_to_the_device_and_the_mask_needs_no_sync():
     """The meta device holds shapes and no values: anything reading a value back to the host (a sync on a
-    GPU) would fail there, and the op count may not depend on the tree, only on the budget and depth limit."""
+    GPU) would fail there, and the op count may not depend on the tree, only on the budget."""
     rng = random.Random(1)
     op_counts = set()
     for shape in ("chain", "bushy", "random"):
         tree = random_tree(rng, 16, 15, shape)
         with CrossingsAndOps() as seen:
-            tokens, depths, mask = verify_inputs(tree, 16, "meta", depth_limit=15)
+            tokens, depths, mask = verify_inputs(tree, 16, "meta")
         assert seen.crossings == [(3, 17)]  # one copy: tokens, depths and parents
         assert (tokens.device.type, depths.shape, mask.shape) == ("meta", (17,), (17, 17))
         op_counts.add(len(seen.ops))

@@ -18,10 +18,10 @@ def plugged_into_the_verify_pass(my_ancestor_mask, calls: list):
     """The student's list function where `verify_inputs` builds the mask: that seam takes the parents as a tensor
     on the verify pass's device (the project builds the mask there), so the student's function gets them as a
     list and its rows go back as a tensor. Each call is counted: a seam that moved would grade nothing."""
-    def mask_of(parents: torch.Tensor, depth_limit: int) -> torch.Tensor:
+    def mask_of(parents: torch.Tensor) -> torch.Tensor:
         calls.append(parents.shape[0])
         return torch.tensor(my_ancestor_mask(parents.tolist()), dtype=torch.bool, device=parents.device)  # (n, n)
-    return mock.patch.object(dflash.tree, "ancestor_mask_by_doubling", mask_of)
+    return mock.patch.object(dflash.tree, "ancestor_mask_by_solve", mask_of)
 
 
 def test_ancestor_mask(lab, demo):
@@ -30,7 +30,7 @@ def test_ancestor_mask(lab, demo):
         tree = DraftTree.rooted_at(0)
         for _ in range(rng.randrange(0, 40)):
             tree.add(rng.randrange(100), rng.randrange(len(tree.tokens)), 0.0)
-        with switched_off(RULE, {dflash.tree: ["ancestor_mask", "ancestor_mask_by_doubling"]}):
+        with switched_off(RULE, {dflash.tree: ["ancestor_mask", "ancestor_mask_by_solve"]}):
             mine = lab.my_ancestor_mask(list(tree.parents))
         assert [list(row) for row in mine] == ancestor_mask(tree.parents), \
             f"07_ancestor_mask: not the ancestor mask of the tree with parents {tree.parents}"
