@@ -83,7 +83,8 @@ def build_tree(root: int, logprobs: list[list[float]], candidates: list[list[int
 
 def ancestor_mask(parents: list[int]) -> list[list[bool]]:
     """mask[i][j]: node j is node i or an ancestor, so node i may see node j (siblings are other guesses
-    for the same position). Parents come first, so a node's row is its parent's with itself added."""
+    for the same position). Parents come first, so a node's row is its parent's with itself added. The readable
+    definition: the verify pass builds the same mask where it runs (`ancestor_mask_by_solve`)."""
     mask = []
     for node, parent in enumerate(parents):
         row = list(mask[parent]) if parent >= 0 else [False] * len(parents)
@@ -99,7 +100,7 @@ def ancestor_mask_by_solve(parents: torch.Tensor) -> torch.Tensor:
     Parents come first, so I - A is lower triangular with a unit diagonal, and one forward substitution (a
     triangular solve) finds every row. An entry counts the paths from node i up to node j: 0 or 1, exact."""
     nodes = torch.arange(parents.shape[0], device=parents.device)  # (n,)
-    eye = torch.eye(parents.shape[0], device=parents.device)  # (n, n)
+    eye = torch.eye(parents.shape[0], dtype=torch.float32, device=parents.device)  # (n, n)
     parent_of = (parents[:, None] == nodes).float()  # (n, n): A; a row of -1 (root, padding) matches no node
     paths = torch.linalg.solve_triangular(eye - parent_of, eye, upper=False, unitriangular=True)  # (n, n): M
     return paths > 0.5
