@@ -79,8 +79,8 @@ def tempered_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """softmax(logits / temperature) (..., vocab), computed in float32 and returned in float64. The sums that follow
     over 150,000 tokens (the filters', `draw`'s running sum) need float64: a float32 running sum rounds most of the
     tail's intervals to nothing. The softmax does not: each probability is off by about 1e-7 of itself, no more than
-    the float32 logits carry, and at Qwen3's vocabulary a CPU samples in about half the time (see
-    benchmarks/step_overheads.py)."""
+    the float32 logits carry, and at Qwen3's vocabulary a CPU runs it in about half the time of a float64 one
+    (benchmarks/step_overheads.py)."""
     return torch.softmax(logits.float() / temperature, dim=-1).double()
 
 
