@@ -98,7 +98,9 @@ def ancestor_mask_by_solve(parents: torch.Tensor) -> torch.Tensor:
     mask (n, n), with no host round trip and a fixed number of ops. The list version's rule, a node's row is its
     parent's row with itself added, reads M = I + A M, where A[i, j] = 1 when j is i's parent: (I - A) M = I.
     Parents come first, so I - A is lower triangular with a unit diagonal, and one forward substitution (a
-    triangular solve) finds every row. An entry counts the paths from node i up to node j: 0 or 1, exact."""
+    triangular solve) finds every row. An entry counts the paths from node i up to node j: 0 or 1, exact. The solve
+    is O(n^3) work in 7 ops: at the budgets a verify pass takes (up to 64 nodes) it beats pointer doubling (a row
+    takes in its ancestor's 2^k up, log2(depth) rounds, 3 ops each); at a few hundred nodes doubling wins."""
     nodes = torch.arange(parents.shape[0], device=parents.device)  # (n,)
     eye = torch.eye(parents.shape[0], dtype=torch.float32, device=parents.device)  # (n, n)
     parent_of = (parents[:, None] == nodes).float()  # (n, n): A; a row of -1 (root, padding) matches no node
