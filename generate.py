@@ -269,7 +269,7 @@ class ModelRunner:
         and itself (`verify_inputs`); `keep_path` then commits the chosen path."""
         sampling = as_sampling(sampling)
         with self.timed("verify"):
-            tokens, depths, tree_mask = (t.to(self.node_offsets.device) for t in verify_inputs(tree, self.tree_budget))
+            tokens, depths, tree_mask = verify_inputs(tree, self.tree_budget, self.node_offsets.device)
             start = self.target_cache.length
             picks, features = self.passes["verify"](self.target, self.target_cache, tokens[None], depths + start,
                                                     sampling.greedy, reads=self.reads, layer_ids=self.layer_ids,

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from dflash.qwen3 import Qwen3, Qwen3Config
-from dflash.sampling import Sampling, sampling_of
+from dflash.sampling import Sampling, draw, sampling_of
 from generate import ModelRunner, generate_autoregressive, generate_dflash, sample
 from tests.reference import logits_of
 from tests.test_generate import random_drafter
@@ -138,6 +138,47 @@ def test_sample_draws_each_row_from_its_softmax_and_never_a_zero_probability_tok
     counts = torch.bincount(draws[..., 0].flatten(), minlength=6)
     assert chi_square_p_value(counts[flattened > 0], flattened[flattened > 0]) < 1e-3
     assert sample(logits, 0.0).tolist() == [0, 4]
+
+
+QWEN3_VOCAB = 151_936
+
+
+def qwen3_sized_logits(rows: int, seed: int = 0) -> torch.Tensor:
+    """Logits (rows, 151,936) shaped like a language model's: a few likely tokens over a long tail."""
+    logits = torch.randn(rows, QWEN3_VOCAB, generator=torch.Generator().manual_seed(seed)) * 3
+    logits[:, :5] += 12
+    return logits
+
+
+def test_at_qwen3s_vocabulary_the_probabilities_are_the_float64_softmaxs():
+    """`Sampling.probs` at Qwen3's vocabulary and temperatures 0.6 and 1: each probability within a relative 1e-5 of
+    the float64 softmax of the same logits (float32 logits carry no more), summing to 1 in float64."""
+    logits = qwen3_sized_logits(2)
+    for temperature in (0.6, 1.0):
+        exact = torch.softmax(logits.double() / temperature, dim=-1)  # (2, vocab)
+        probs = Sampling(temperature).probs(logits)
+        assert probs.dtype == torch.float64
+        assert torch.allclose(probs, exact, rtol=1e-5, atol=0.0)
+        assert (probs.sum(-1) - 1).abs().max() < 1e-12
+
+
+def test_at_qwen3s_vocabulary_every_tail_token_keeps_its_share_of_the_draws(monkeypatch):
+    """The running sum `draw` searches is float64: a uniform draw in the middle of a token's interval picks it, for
+    the 200 least likely tokens too (about 1e-9 each). A float32 running sum over 151,936 tokens rounds most such
+    intervals to nothing, which the same probe sees."""
+    probs = Sampling(1.0).probs(qwen3_sized_logits(1))[0]  # (vocab,)
+    ends = probs.cumsum(dim=0)  # (vocab,): where each token's interval ends, float64
+    tail = probs.argsort()[:200]  # the least likely tokens
+    middles = (ends[tail] - probs[tail] / 2) / ends[-1]  # (200,): the middle of each tail token's interval, in [0, 1)
+    picked = {}
+    for precision in (torch.float64, torch.float32):
+        picks = []
+        for middle in middles:
+            monkeypatch.setattr(torch, "rand", lambda size, u=middle, **like: u.to(like["dtype"]).expand(size))
+            picks.append(draw(probs.to(precision), None).item())
+        picked[precision] = picks
+    assert picked[torch.float64] == tail.tolist()
+    assert sum(a != b for a, b in zip(picked[torch.float32], tail.tolist())) > 100  # the probe has power
 
 
 # ---------------------------------------------------------- filters and draft policies

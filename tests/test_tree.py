@@ -9,15 +9,17 @@ budget and obey the CUDA-graph rule on outputs.
 
 import itertools
 import math
+import random
 from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from dflash import measure
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
-from dflash.tree import DraftTree, ancestor_mask, build_tree, path_slots, verify_inputs, walk
+from dflash.tree import DraftTree, ancestor_mask, ancestor_mask_by_solve, build_tree, path_slots, verify_inputs, walk
 from generate import ModelRunner, decode_pass, generate_autoregressive, generate_dflash, generate_dflash_tree
 from tests.test_compile import CountingBackend, no_recompiles  # noqa: F401 (a fixture)
 from tests.test_cuda_graph_rules import OverwriteEarlierOutputs
@@ -66,6 +68,63 @@ def test_a_node_sees_its_ancestors_and_itself_and_padding_sees_only_itself():
     tokens, depths, padded = verify_inputs(tree, budget=8)
     assert tokens.tolist() == tree.tokens + [7, 7] and depths.tolist() == [0, 1, 2, 1, 3, 3, 2, 0, 0]
     assert padded[7].tolist() == [False] * 7 + [True, False] and not padded[:7, 7:].any()
+
+
+def random_tree(rng: random.Random, budget: int, depth_limit: int, shape: str) -> DraftTree:
+    """A tree of at most `budget` nodes, none deeper than `depth_limit`, parents first as build_tree adds them:
+    a `chain` to the limit, a `bushy` tree (parents drawn among the shallow nodes), or `random` parents."""
+    tree = DraftTree.rooted_at(0)
+    size = budget if shape == "chain" else rng.randrange(0, budget + 1)  # the rest is padding
+    for _ in range(size):
+        open_nodes = [node for node, depth in enumerate(tree.depths) if depth < depth_limit]
+        if shape == "chain":  # down to the limit, then anywhere
+            parent = len(tree.tokens) - 1 if tree.depths[-1] < depth_limit else rng.choice(open_nodes)
+        else:
+            parent = rng.choice(open_nodes[:3] if shape == "bushy" else open_nodes)
+        tree.add(rng.randrange(100), parent, 0.0)
+    return tree
+
+
+@pytest.mark.parametrize("shape", ["chain", "bushy", "random"])
+def test_the_mask_built_on_the_device_is_the_ancestor_mask(shape):
+    rng = random.Random(0)
+    for budget in range(1, 65):
+        for depth_limit in {1, 2, 3, 15, budget}:  # 15: a block of 16's drafted slots
+            tree = random_tree(rng, budget, min(depth_limit, budget), shape)
+            padding = budget - tree.size
+            _, _, mask = verify_inputs(tree, budget)
+            assert mask.tolist() == ancestor_mask(tree.parents + [-1] * padding), (budget, depth_limit, tree.parents)
+    assert ancestor_mask_by_solve(torch.arange(-1, 64))[64].all()  # a chain 64 deep: its last node sees them all
+
+
+class CrossingsAndOps(TorchDispatchMode):
+    """Records every op, and the shape of each tensor copied from the host to another device."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops, self.crossings = [], []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self.ops.append(func)
+        if func is torch.ops.aten._to_copy.default and args[0].device.type == "cpu":
+            self.crossings.append(tuple(args[0].shape))
+        return func(*args, **kwargs)
+
+
+def test_only_tokens_depths_and_parents_cross_to_the_device_and_the_mask_needs_no_sync():
+    """The meta device holds shapes and no values: anything reading a value back to the host (a sync on a
+    GPU) would fail there, and the op count may not depend on the tree, only on the budget."""
+    rng = random.Random(1)
+    op_counts = set()
+    for shape in ("chain", "bushy", "random"):
+        tree = random_tree(rng, 16, 15, shape)
+        with CrossingsAndOps() as seen:
+            tokens, depths, mask = verify_inputs(tree, 16, "meta")
+        assert seen.crossings == [(3, 17)]  # one copy: tokens, depths and parents
+        assert (tokens.device.type, depths.shape, mask.shape) == ("meta", (17,), (17, 17))
+        op_counts.add(len(seen.ops))
+    assert len(op_counts) == 1
 
 
 def test_the_walk_follows_the_targets_tokens():

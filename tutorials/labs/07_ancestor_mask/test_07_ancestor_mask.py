@@ -5,11 +5,23 @@ student's function, and the loop must still write the plain loop's tokens."""
 import random
 from unittest import mock
 
+import torch
+
 import dflash.tree
 from _lab_helpers import switched_off, tree_loop
 from dflash.tree import DraftTree, ancestor_mask
 
 RULE = "07_ancestor_mask: the lab asks you to build the mask yourself"
+
+
+def plugged_into_the_verify_pass(my_ancestor_mask, calls: list):
+    """The student's list function where `verify_inputs` builds the mask: that seam takes the parents as a tensor
+    on the verify pass's device (the project builds the mask there), so the student's function gets them as a
+    list and its rows go back as a tensor. Each call is counted: a seam that moved would grade nothing."""
+    def mask_of(parents: torch.Tensor) -> torch.Tensor:
+        calls.append(parents.shape[0])
+        return torch.tensor(my_ancestor_mask(parents.tolist()), dtype=torch.bool, device=parents.device)  # (n, n)
+    return mock.patch.object(dflash.tree, "ancestor_mask_by_solve", mask_of)
 
 
 def test_ancestor_mask(lab, demo):
@@ -18,10 +30,11 @@ def test_ancestor_mask(lab, demo):
         tree = DraftTree.rooted_at(0)
         for _ in range(rng.randrange(0, 40)):
             tree.add(rng.randrange(100), rng.randrange(len(tree.tokens)), 0.0)
-        with switched_off(RULE, {dflash.tree: ["ancestor_mask"]}):
+        with switched_off(RULE, {dflash.tree: ["ancestor_mask", "ancestor_mask_by_solve"]}):
             mine = lab.my_ancestor_mask(list(tree.parents))
         assert [list(row) for row in mine] == ancestor_mask(tree.parents), \
             f"07_ancestor_mask: not the ancestor mask of the tree with parents {tree.parents}"
-    plugged = mock.patch.object(dflash.tree, "ancestor_mask", lab.my_ancestor_mask)  # what verify_inputs calls
-    demo.assert_plugged_in_matches(plugged, tree_loop(demo),
+    calls = []
+    demo.assert_plugged_in_matches(plugged_into_the_verify_pass(lab.my_ancestor_mask, calls), tree_loop(demo),
                                    "07_ancestor_mask: with your mask in the tree loop's verify passes")
+    assert calls, "07_ancestor_mask: the grader's plug-in never reached a verify pass (the project's seam moved)"
