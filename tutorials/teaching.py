@@ -1,0 +1,336 @@
+"""What the notebooks share that is not the lesson itself: the roofline model, the timeline, the figures.
+
+A notebook cell should teach one thing in a screenful, so the code that only draws or tabulates
+lives here, once, and every notebook calls the same function: one roofline with one stated set of
+assumptions, one timeline of a loop's passes, one picture of a DFlash step. The notebooks run with
+`tutorials/` as their working directory and import it as `import teaching`.
+
+matplotlib is an optional extra (`pip install -e ".[plots]"`): it is imported inside the functions
+that draw, so the roofline and the clock work without it.
+
+Regenerate the picture of one DFlash step (docs/dflash_step.png), from the repository root:
+
+    python tutorials/teaching.py
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+STEP_PICTURE = ROOT / "docs" / "dflash_step.png"
+
+
+def pyplot():
+    """matplotlib's pyplot, imported only when a figure is drawn (it is an optional extra)."""
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+# ------------------------------------------------------------------ the roofline model
+
+ROOFLINE_CONTEXT = 2048  # tokens already in the KV cache when a pass runs: a prompt and an answer so far
+BYTES_PER_NUMBER = 2  # bfloat16
+
+ROOFLINE_ASSUMPTIONS = """\
+The roofline model of one forward pass (batch 1, bfloat16, 2 bytes a number):
+  - bytes read: every matrix-multiplication weight once (the LM head included), the norms' weights,
+    the embedding rows of the new tokens only (a lookup, not the whole table), and the KV cache:
+    the keys and values of the cached tokens and of the new ones, in every layer that has a cache;
+  - FLOPs: 2 per matrix weight per new token, plus attention: 2 x 2 x head_dim per query head per
+    key it sees (every cached key, then causally among the new tokens);
+  - time: the longer of bytes / memory bandwidth and FLOPs / peak dense bf16 FLOP rate, at published
+    peak figures: perfect kernels, no launch overhead, no host work; a lower bound for a real pass;
+  - unless said otherwise, 2048 tokens are already cached."""
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """A GPU's two published peak figures: all the roofline needs."""
+
+    name: str
+    bandwidth: float  # bytes/s read from its memory (HBM)
+    flops: float  # FLOP/s, dense bf16 on the tensor cores (no sparsity)
+
+    @property
+    def ridge(self) -> float:
+        """FLOPs it can do in the time it reads one byte: passes of fewer tokens than this are memory-bound."""
+        return self.flops / self.bandwidth
+
+
+H100 = Accelerator("NVIDIA H100 SXM", bandwidth=3.35e12, flops=989e12)
+H200 = Accelerator("NVIDIA H200", bandwidth=4.8e12, flops=989e12)  # the H100's chip with faster memory
+
+
+@dataclass(frozen=True)
+class PassCost:
+    """What one forward pass of a model reads and computes, counted from the model's shapes.
+
+    Build it from a model made on the `meta` device (shapes, no memory): `PassCost.of(model, config)`.
+    """
+
+    matmul_weights: int  # numbers in the matrix multiplications: read once a pass, 2 FLOPs each per token
+    other_weights: int  # numbers read whole every pass that do no matrix work: the norms
+    hidden_size: int  # an embedding row: what each new token's lookup reads
+    kv_layers: int  # layers with a KV cache
+    kv_heads: int
+    query_heads: int
+    head_dim: int
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, config, *, borrowed_matmul: int = 0) -> PassCost:
+        """`config` the model's Qwen3Config (for a drafter, its layers' config); `borrowed_matmul` counts the
+        weights it reads from another model (a DFlash drafter uses its target's LM head)."""
+        linear = {id(m.weight): m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear)}
+        embedding = {id(m.weight): m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+        every = {id(p): p.numel() for p in model.parameters()}
+        other = sum(n for key, n in every.items() if key not in linear and key not in embedding)
+        return cls(sum(linear.values()) + borrowed_matmul, other, config.hidden_size, config.num_hidden_layers,
+                   config.num_key_value_heads, config.num_attention_heads, config.head_dim)
+
+    def bytes_read(self, tokens: int, context: int = ROOFLINE_CONTEXT) -> float:
+        """Bytes one pass over `tokens` new tokens reads, after `context` cached ones."""
+        weights = self.matmul_weights + self.other_weights + tokens * self.hidden_size  # the embedding rows used
+        kv_per_token = 2 * self.kv_layers * self.kv_heads * self.head_dim  # keys + values, numbers per token
+        return BYTES_PER_NUMBER * (weights + kv_per_token * (context + tokens))
+
+    def flops(self, tokens: int, context: int = ROOFLINE_CONTEXT) -> float:
+        """FLOPs of that pass: the matrix products, then the attention scores and weighted sums."""
+        keys_seen = tokens * context + tokens * (tokens + 1) / 2  # every cached key, then causal among the new
+        attention = 2 * 2 * self.kv_layers * self.query_heads * self.head_dim * keys_seen
+        return 2 * self.matmul_weights * tokens + attention
+
+    def ms(self, gpu: Accelerator, tokens: int, context: int = ROOFLINE_CONTEXT) -> float:
+        """The roofline time of that pass in milliseconds: the slower of reading and computing."""
+        return 1e3 * max(self.bytes_read(tokens, context) / gpu.bandwidth, self.flops(tokens, context) / gpu.flops)
+
+
+def qwen3_8b_pass() -> PassCost:
+    """The pass of Qwen3-8B (the defaults of `Qwen3Config`), counted on the `meta` device: no memory used."""
+    from dflash.qwen3 import Qwen3, Qwen3Config
+
+    config = Qwen3Config()
+    with torch.device("meta"):
+        return PassCost.of(Qwen3(config), config)
+
+
+# ------------------------------------------------------------------ a timeline of a loop's passes
+
+
+class TimelineClock:
+    """A runner's `clock` that keeps every pass, where `dflash.measure.PhaseClock` keeps sums.
+
+    Each pass becomes (phase, start, length), in milliseconds since the clock was made; on a GPU it waits
+    for queued work before each reading, as PhaseClock does. `stamp` records when a token was committed
+    (pass it as the loop's `on_token`).
+    """
+
+    def __init__(self, device: torch.device | str = "cpu"):
+        self.device = torch.device(device)
+        self.zero, self.spans, self.stamps = time.perf_counter(), [], []
+
+    def now_ms(self) -> float:
+        return 1e3 * (time.perf_counter() - self.zero)
+
+    @contextmanager
+    def __call__(self, phase: str):
+        from dflash.results import synchronize
+
+        synchronize(self.device)
+        start = self.now_ms()
+        yield
+        synchronize(self.device)
+        self.spans.append((phase, start, self.now_ms() - start))
+
+    def stamp(self, token: int, drafted: bool) -> None:
+        self.stamps.append(self.now_ms())
+
+
+PHASE_COLOURS = {"prefill": "lightgrey", "decode": "tab:blue", "draft": "tab:orange", "verify": "tab:green"}
+
+
+def draw_timeline(rows: dict, *, title: str, stamps: dict | None = None):
+    """Every pass of each loop as a bar, one row per loop, each bar edged in white so that a row of
+    45 one-token passes shows 45 bars and not one block. `rows`: name -> (spans, result), spans from a
+    TimelineClock; the time before a loop's first pass is its prefill (and the call's setup). A DFlash
+    row's verify bars carry the tokens that step committed. `stamps`: name -> commit times (ms), drawn
+    below as the tokens committed over time."""
+    plt = pyplot()
+    panels = 2 if stamps else 1
+    fig, axes = plt.subplots(panels, 1, figsize=(12, 2.4 + 2.6 * (panels - 1)), sharex=True, squeeze=False,
+                             gridspec_kw=dict(height_ratios=[1, 1.6][:panels]))
+    bars, end = axes[0][0], 0.0
+    for y, (name, (spans, result)) in enumerate(rows.items()):
+        bars.broken_barh([(0, spans[0][1])], (y - 0.35, 0.7), color=PHASE_COLOURS["prefill"])
+        for phase, start, length in spans:
+            bars.broken_barh([(start, length)], (y - 0.35, 0.7), color=PHASE_COLOURS[phase], edgecolor="white",
+                             linewidth=0.6)
+        verifies = [(start, length) for phase, start, length in spans if phase == "verify"]
+        for (start, length), n in zip(verifies, result.acceptance_lengths):
+            bars.text(start + length / 2, y + 0.42, str(n), ha="center", fontsize=7)
+        total = spans[-1][1] + spans[-1][2]
+        bars.text(total, y, f"  {result.new_tokens} tokens, {total:.0f} ms", va="center", fontsize=8)
+        end = max(end, total)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colour) for colour in PHASE_COLOURS.values()]
+    bars.legend(handles, list(PHASE_COLOURS), loc="upper right", fontsize=8, ncol=4)
+    bars.set(yticks=range(len(rows)), yticklabels=list(rows), ylim=(-0.6, len(rows) + 0.3), xlim=(0, end * 1.2),
+             title=title)
+    if stamps:
+        curve = axes[1][0]
+        for name, times in stamps.items():
+            curve.step([0.0, *times], range(len(times) + 1), where="post", label=name)
+        curve.set(xlabel="time since the call began (ms)", ylabel="tokens committed")
+        curve.legend()
+    else:
+        bars.set(xlabel="time since the call began (ms)")
+    plt.tight_layout()
+    plt.show()
+
+
+# ------------------------------------------------------------------ one DFlash step, drawn
+
+
+# The example the picture draws: a 6-token prompt, blocks of 5 (the last token and 4 drafts), and a
+# step that keeps 2 drafts. The numbers are small so that every cache slot can be drawn and named.
+PROMPT, BLOCK, KEPT, SLOTS = 6, 5, 2, 13
+COMMITTED, WRITTEN, EMPTY = "#5cb85c", "#d9d9d9", "white"  # a cache slot: counted / written, not counted / free
+FEATURE_COLOUR, DRAFT_COLOUR, TARGET_COLOUR = "tab:orange", "#f5deb3", "#cfe2f3"
+
+
+def _cells(ax, x, y, labels, colours, *, width=0.36, height=0.36, fontsize=7):
+    """A row of square cells from (x, y), one per label."""
+    from matplotlib.patches import Rectangle
+
+    for i, (label, colour) in enumerate(zip(labels, colours)):
+        ax.add_patch(Rectangle((x + i * width, y), width, height, facecolor=colour, edgecolor="black", lw=0.6))
+        ax.text(x + (i + 0.5) * width, y + height / 2, label, ha="center", va="center", fontsize=fontsize)
+
+
+def _cache(ax, x, y, name, committed, written, labels=()):
+    """A KV cache of SLOTS slots: `committed` slots counted (its `length`), then `written` slots that a pass
+    wrote but nobody committed (the next pass overwrites them)."""
+    colours = [COMMITTED] * committed + [WRITTEN] * written + [EMPTY] * (SLOTS - committed - written)
+    texts = list(labels) + [""] * (SLOTS - len(labels))
+    ax.text(x, y + 0.48, f"{name}: length {committed}", fontsize=7.5)
+    _cells(ax, x, y, texts, colours, width=0.19, height=0.3, fontsize=5.5)
+
+
+def _box(ax, x, y, text, colour, width=2.3):
+    from matplotlib.patches import FancyBboxPatch
+
+    ax.add_patch(FancyBboxPatch((x, y), width, 0.5, boxstyle="round,pad=0.05", facecolor=colour, edgecolor="black"))
+    ax.text(x + width / 2, y + 0.25, text, ha="center", va="center", fontsize=8, weight="bold")
+
+
+def _arrow(ax, start, end, colour="black", text="", *, rad=0.0, fontsize=7):
+    ax.annotate("", xy=end, xytext=start, arrowprops=dict(arrowstyle="-|>", color=colour, lw=1.4,
+                                                          connectionstyle=f"arc3,rad={rad}"))
+    if text:
+        ax.text((start[0] + end[0]) / 2, (start[1] + end[1]) / 2 + 0.12, text, color=colour, fontsize=fontsize,
+                ha="center")
+
+
+def draw_dflash_step(path: Path | str | None = None):
+    """One step of `generate_dflash` (generate.py) in five panels: prefill, draft, verify, accept, commit.
+
+    Each panel shows the pass's input and output tokens, the two KV caches after it (green: committed,
+    counted in `length`; hatched grey: written by the pass but not committed), and where the target's
+    features (its hidden states after the drafter's chosen layers) flow. Saved to `path` when given,
+    shown otherwise.
+    """
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(15, 6.2))
+    ax.set(xlim=(-0.1, 15.1), ylim=(-0.9, 6.2))
+    ax.axis("off")
+    p = [f"p{i + 1}" for i in range(PROMPT)]  # the prompt
+    d = [f"d{i + 1}" for i in range(BLOCK - 1)]  # the drafts
+    y = [f"y{i}" for i in range(BLOCK)]  # the target's token after each slot of [t, d1, ..., d4]
+    kept = ["t", *d[:KEPT]]  # what the commit adds to the target's cache: the last token and the kept drafts
+    titles = ["1 · prefill", "2 · draft", "3 · verify", "4 · accept", "5 · commit"]
+    notes = ["the target reads the prompt;\nit picks the first new token t",
+             "the drafter fills [t, M, M, M, M]\nin one pass: 4 drafts",
+             "the target reads [t, d1..d4] in one\npass: its own token after each slot",
+             "keep drafts while d(i+1) = y(i);\nat the first miss take y there",
+             f"target cache += kept + 1 = {KEPT + 1}\n(nothing trimmed, nothing copied)"]
+    for i, (title, note) in enumerate(zip(titles, notes)):
+        x = 3 * i
+        ax.text(x, 5.95, title, fontsize=11, weight="bold")
+        ax.text(x, 5.25, note, fontsize=7.5, va="bottom")
+        if i < 4:
+            _arrow(ax, (x + 2.45, 5.98), (x + 2.95, 5.98))
+
+    # 1 · prefill: the prompt through the target; its features at every prompt position go to the drafter.
+    _cells(ax, 0, 4.5, p, [TARGET_COLOUR] * PROMPT)
+    _box(ax, 0, 3.6, "target (Qwen3)", TARGET_COLOUR)
+    _cells(ax, 0, 2.85, ["t"], ["white"])
+    ax.text(0.45, 2.93, "first new token", fontsize=7)
+    _cache(ax, 0, 0.9, "target KV cache", PROMPT, 0, p)
+    _cache(ax, 0, -0.3, "drafter KV cache", 0, 0)
+    ax.text(0, 2.45, "features: hidden states after the\ntarget's chosen layers, 6 positions", fontsize=7,
+            color=FEATURE_COLOUR, va="top")
+
+    # 2 · draft: the drafter reads the new context (6 feature rows) and the block of mask tokens.
+    _cells(ax, 3, 4.5, ["t", "M", "M", "M", "M"], [DRAFT_COLOUR] * BLOCK)
+    _cells(ax, 4.9, 4.5, ["f"] * 2 + ["…"], [FEATURE_COLOUR] * 2 + ["white"], width=0.3)
+    _box(ax, 3, 3.6, "drafter (a few layers)", DRAFT_COLOUR)
+    _cells(ax, 3.36, 2.85, d, [DRAFT_COLOUR] * (BLOCK - 1))
+    _cache(ax, 3, 0.9, "target KV cache", PROMPT, 0, p)
+    scratch = ["f"] * PROMPT + ["t", "M", "M", "M", "M"]  # the context, kept; the block's slots, scratch
+    _cache(ax, 3, -0.3, "drafter KV cache", PROMPT, BLOCK, scratch)
+    _arrow(ax, (1.8, 2.45), (5.0, 4.4), FEATURE_COLOUR, rad=0.25)
+
+    # 3 · verify: the target reads [t, d1..d4] after the committed prompt; nothing is committed yet.
+    _cells(ax, 6, 4.5, ["t", *d], [TARGET_COLOUR] * BLOCK)
+    _box(ax, 6, 3.6, "target (Qwen3)", TARGET_COLOUR)
+    _cells(ax, 6, 2.85, y, ["white"] * BLOCK)
+    ax.text(6, 2.45, "+ features at the 5 slots", fontsize=7, color=FEATURE_COLOUR, va="top")
+    _cache(ax, 6, 0.9, "target KV cache", PROMPT, BLOCK, p + ["t", *d])
+    _cache(ax, 6, -0.3, "drafter KV cache", PROMPT, BLOCK, scratch)
+
+    # 4 · accept: compare each draft with the target's token before it.
+    verdicts = ["✓", "✓", "✗", "–"]
+    for k, (draft, want, verdict) in enumerate(zip(d, y, verdicts)):
+        row = 4.6 - 0.36 * k
+        ax.text(9.0, row, f"{draft} vs {want}  {verdict}", fontsize=8.5,
+                color="green" if verdict == "✓" else ("red" if verdict == "✗" else "grey"))
+    ax.text(9.0, 3.3, f"accepted = {KEPT}: the output gains\n"
+            f"{', '.join(d[:KEPT])}, then y{KEPT} (the target's token)\n= {KEPT + 1} tokens for one target pass;\n"
+            "d4 is dropped: it followed a miss", fontsize=7.5, va="top")
+    _cache(ax, 9, 0.9, "target KV cache", PROMPT, BLOCK, p + ["t", *d])
+    _cache(ax, 9, -0.3, "drafter KV cache", PROMPT, BLOCK, scratch)
+
+    # 5 · commit: the target's cache counts t and the kept drafts; the next block opens with y2.
+    _cache(ax, 12, 0.9, "target KV cache", PROMPT + KEPT + 1, BLOCK - KEPT - 1, p + kept + d[KEPT:])
+    _cache(ax, 12, -0.3, "drafter KV cache", PROMPT, BLOCK, scratch)
+    ax.text(12, 4.6, f"next step: the block opens with\ny{KEPT} at position {PROMPT + KEPT + 1}; its draft first\n"
+            f"takes in the features of the {KEPT + 1}\ncommitted positions (t, {', '.join(d[:KEPT])}):\n"
+            f"drafter KV cache {PROMPT} → {PROMPT + KEPT + 1}", fontsize=7.5, va="top")
+    _arrow(ax, (7.9, 2.1), (12.0, 2.1), FEATURE_COLOUR, "features of the kept positions, for the next draft",
+           rad=0.1)
+
+    legend = [(COMMITTED, "committed: counted in the cache's length"),
+              (WRITTEN, "written by a pass, not committed: the next pass overwrites it"),
+              (FEATURE_COLOUR, "f: the target's features (the drafter's context)")]
+    for k, (colour, text) in enumerate(legend):
+        _cells(ax, 0.2 + 5 * k, -0.85, [""], [colour], width=0.25, height=0.2)
+        ax.text(0.55 + 5 * k, -0.8, text, fontsize=7.5)
+    if path is None:
+        plt.show()
+    else:
+        fig.savefig(path, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+
+
+if __name__ == "__main__":
+    import matplotlib
+
+    matplotlib.use("Agg")
+    STEP_PICTURE.parent.mkdir(exist_ok=True)
+    draw_dflash_step(STEP_PICTURE)
+    print(f"wrote {STEP_PICTURE.relative_to(ROOT)}")
