@@ -120,6 +120,37 @@ def qwen3_8b_pass() -> PassCost:
         return PassCost.of(Qwen3(config), config)
 
 
+# ------------------------------------------------------------------ notebook 1: the static KV cache
+
+
+def cache_slot_states(cache) -> torch.Tensor:
+    """Each slot of a cache, read from its first layer's keys: 0 empty, 1 written but not committed, 2 committed.
+    A slot counts as written once any pass has put a key there (a fresh cache is zeros)."""
+    written = cache.keys[0][0, 0, :, 0] != 0  # (max_length,): slots that hold something
+    committed = torch.arange(cache.max_length) < cache.length  # (max_length,)
+    return (written & ~committed).int() + 2 * committed.int()  # (max_length,)
+
+
+def draw_cache_stages(stages: list[tuple[str, torch.Tensor]]):
+    """One row per stage (label, cache_slot_states), one column per slot: green committed, grey stale."""
+    from matplotlib.colors import ListedColormap
+
+    plt = pyplot()
+    slots = len(stages[0][1])
+    fig, ax = plt.subplots(figsize=(8, 0.6 * len(stages)))
+    ax.imshow(torch.stack([state for _, state in stages]), cmap=ListedColormap(["white", "lightgrey", "tab:green"]),
+              vmin=0, vmax=2)
+    ax.set_yticks(range(len(stages)), [label for label, _ in stages])
+    ax.set_xticks(range(slots))
+    ax.set_xticks([i - 0.5 for i in range(slots)], minor=True)
+    ax.set_yticks([i - 0.5 for i in range(len(stages))], minor=True)
+    ax.grid(which="minor", color="black", linewidth=0.5)
+    ax.tick_params(which="minor", length=0)
+    ax.set(xlabel="cache slot (= position)", title="green: committed (< length)   grey: written, not committed")
+    plt.tight_layout()
+    plt.show()
+
+
 # ------------------------------------------------------------------ a timeline of a loop's passes
 
 
