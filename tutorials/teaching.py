@@ -151,6 +151,41 @@ def draw_cache_stages(stages: list[tuple[str, torch.Tensor]]):
     plt.show()
 
 
+# ------------------------------------------------------------------ notebook 2: sampled continuations
+
+
+def draw_top_continuations(exact: torch.Tensor, frequencies: dict, *, top: int = 20, title: str):
+    """Bars of the `top` likeliest outcomes of `exact` (any shape, flattened), beside each sampler's
+    frequency of them: `frequencies` name -> a tensor of exact's shape."""
+    plt = pyplot()
+    order = exact.flatten().argsort(descending=True)[:top]  # the likeliest outcomes, likeliest first
+    labels = [str(tuple(int(t) for t in torch.unravel_index(i, exact.shape))) for i in order]
+    x, width = torch.arange(top), 0.8 / (1 + len(frequencies))
+    fig, ax = plt.subplots(figsize=(12, 3.6))
+    ax.bar(x - width, exact.flatten()[order], width, label="exact probability", color="black")
+    for k, (name, frequency) in enumerate(frequencies.items()):
+        ax.bar(x + k * width, frequency.flatten()[order], width, label=f"{name}: frequency")
+    ax.set_xticks(x, labels, rotation=60, fontsize=8)
+    ax.set(xlabel="the outcome", ylabel="probability", title=title)
+    ax.legend()
+    plt.tight_layout()
+    plt.show()
+
+
+def draw_roofline_by_tokens(ks: list[int], pass_ms: list[float], *, ridge: float, title: str):
+    """A pass's roofline time against the tokens it handles (left) and the time per token (right)."""
+    plt = pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.8))
+    left.semilogx(ks, pass_ms, "o-", ms=3)
+    left.axvline(ridge, color="grey", ls="--", label=f"{ridge:.0f} tokens: memory = compute")
+    left.set(xlabel="tokens in one pass (k)", ylabel="ms per pass", title=title)
+    left.legend()
+    right.loglog(ks, [ms / k for ms, k in zip(pass_ms, ks)], "o-", ms=3, color="tab:green")
+    right.set(xlabel="tokens in one pass (k)", ylabel="ms per token", title="...and per token")
+    plt.tight_layout()
+    plt.show()
+
+
 # ------------------------------------------------------------------ a timeline of a loop's passes
 
 
