@@ -120,6 +120,36 @@ def qwen3_8b_pass() -> PassCost:
         return PassCost.of(Qwen3(config), config)
 
 
+# ------------------------------------------------------------------ drawing primitives
+
+
+def _cells(ax, x, y, labels, colours, *, width=0.36, height=0.36, fontsize=7):
+    """A row of square cells from (x, y), one per label."""
+    from matplotlib.patches import Rectangle
+
+    for i, (label, colour) in enumerate(zip(labels, colours)):
+        ax.add_patch(Rectangle((x + i * width, y), width, height, facecolor=colour, edgecolor="black", lw=0.6))
+        ax.text(x + (i + 0.5) * width, y + height / 2, label, ha="center", va="center", fontsize=fontsize)
+
+
+def _box(ax, x, y, width, height, text, colour, *, fontsize=8, weight="normal"):
+    """A rounded box with its text centred."""
+    from matplotlib.patches import FancyBboxPatch
+
+    ax.add_patch(FancyBboxPatch((x, y), width, height, boxstyle="round,pad=0.02,rounding_size=0.08",
+                                facecolor=colour, edgecolor="black", linewidth=0.8))
+    ax.text(x + width / 2, y + height / 2, text, ha="center", va="center", fontsize=fontsize, weight=weight)
+
+
+def _arrow(ax, start, end, colour="black", text="", *, rad=0.0, fontsize=7):
+    """An arrow from `start` to `end`, bent by `rad`, its text above its middle."""
+    ax.annotate("", xy=end, xytext=start, arrowprops=dict(arrowstyle="-|>", color=colour, lw=1.3,
+                                                          connectionstyle=f"arc3,rad={rad}"))
+    if text:
+        ax.text((start[0] + end[0]) / 2, (start[1] + end[1]) / 2 + 0.12, text, color=colour, fontsize=fontsize,
+                ha="center")
+
+
 # ------------------------------------------------------------------ notebook 1: the static KV cache
 
 
@@ -182,6 +212,87 @@ def draw_roofline_by_tokens(ks: list[int], pass_ms: list[float], *, ridge: float
     left.legend()
     right.loglog(ks, [ms / k for ms, k in zip(pass_ms, ks)], "o-", ms=3, color="tab:green")
     right.set(xlabel="tokens in one pass (k)", ylabel="ms per token", title="...and per token")
+    plt.tight_layout()
+    plt.show()
+
+
+# ------------------------------------------------------------------ notebook 3: KV injection, attention maps
+
+
+def draw_kv_injection(dc):
+    """The target's chosen layers feeding the drafter: the features are concatenated, fused by fc and
+    hidden_norm into one context vector per token, and enter every drafter layer as keys and values
+    in front of the block's; only the block flows through the drafter. `dc` a DrafterConfig."""
+    plt = pyplot()
+    L, taps, D, step = dc.num_target_layers, dc.target_layer_ids, dc.layers.num_hidden_layers, 0.6
+    fig, ax = plt.subplots(figsize=(13, 7))
+    ax.set(xlim=(0, 13.5), ylim=(-0.4, L * step + 1.6))
+    ax.axis("off")
+    # The target, bottom to top: embedding, its layers (the ones read highlighted), LM head.
+    _box(ax, 0.3, 0, 2.4, 0.45, "target: embed_tokens", "whitesmoke", fontsize=9)
+    layer_y = {i: 0.6 + i * step for i in range(L)}
+    for i, y in layer_y.items():
+        _box(ax, 0.3, y, 2.4, 0.45, f"target layer {i}", "gold" if i in taps else "whitesmoke", fontsize=9)
+    _box(ax, 0.3, 0.6 + L * step, 2.4, 0.45, "norm, LM head", "whitesmoke", fontsize=9)
+    ax.text(1.5, 0.6 + L * step + 0.75, "target\n(run over the context)", ha="center", fontsize=10, weight="bold")
+    # Features: concatenated, fused by fc + hidden_norm into the context.
+    fuse_y = 0.6 + (L // 2) * step
+    _box(ax, 3.8, fuse_y - 0.05, 2.0, 0.55, f"concatenate\n(n, {len(taps)} × hidden)", "lightyellow", fontsize=9)
+    for i in taps:
+        _arrow(ax, (2.7, layer_y[i] + 0.22), (3.8, fuse_y + 0.22))
+    _box(ax, 3.8, fuse_y - 1.0, 2.0, 0.55, "fc, hidden_norm\ncontext (n, hidden)", "lightyellow", fontsize=9)
+    _arrow(ax, (4.8, fuse_y - 0.05), (4.8, fuse_y - 0.45))
+    # The drafter, bottom to top: the block's embedding, its layers, the final norm and the target's LM head.
+    x0, width = 7.6, 5.4
+    _box(ax, x0, 0, width, 0.45, "block [last, MASK, ..., MASK] → target's embed_tokens", "lightblue", fontsize=9)
+    height = (L * step - 0.3) / D
+    drafter_y = [0.6 + d * (height + 0.15) for d in range(D)]
+    for d, y in enumerate(drafter_y):
+        _box(ax, x0, y, width, height, "", "aliceblue")
+        ax.text(x0 + 0.1, y + height - 0.2, f"drafter layer {d}", fontsize=9, weight="bold")
+        inner = (height - 0.65) / 2  # two stacked boxes on the left, attention on the right
+        _box(ax, x0 + 0.2, y + 0.15, 2.5, inner, "k, v of the context\n(this layer's k_proj, v_proj)", "lightyellow")
+        _box(ax, x0 + 0.2, y + 0.3 + inner, 2.5, inner, "q, k, v of the block", "lightblue")
+        _box(ax, x0 + 3.2, y + 0.15, 2.0, height - 0.5, "attention: the block's\nqueries over the keys\nand values of\n"
+             "[context ; block]\n(no mask), then MLP", "white")
+        _arrow(ax, (x0 + 2.7, y + 0.15 + inner / 2), (x0 + 3.2, y + 0.15 + inner / 2))
+        _arrow(ax, (x0 + 2.7, y + 0.3 + 1.5 * inner), (x0 + 3.2, y + 0.3 + 1.5 * inner))
+        _arrow(ax, (5.8, fuse_y - 0.72), (x0 + 0.2, y + 0.15 + inner / 2), "darkgoldenrod")
+        if d:
+            _arrow(ax, (x0 + width / 2, drafter_y[d - 1] + height), (x0 + width / 2, y))
+    _arrow(ax, (x0 + width / 2, 0.45), (x0 + width / 2, drafter_y[0]))
+    top = drafter_y[-1] + height
+    _box(ax, x0, top + 0.15, width, 0.45, f"norm → target's LM head → {dc.block_size - 1} guesses", "lightblue",
+         fontsize=9)
+    _arrow(ax, (x0 + width / 2, top), (x0 + width / 2, top + 0.15))
+    ax.text(x0 + width / 2, top + 0.95, "drafter\n(run over the block only)", ha="center", fontsize=10, weight="bold")
+    ax.text(4.8, fuse_y - 2.0, "the same context,\ninjected into every layer\nas keys and values", ha="center",
+            fontsize=8, color="darkgoldenrod")
+    plt.show()
+
+
+def draw_attention_maps(weights: list[torch.Tensor], context: int):
+    """One row per drafter layer: its attention weights (heads, block, context + block), averaged over the
+    heads, on the context (left) and on the block (right, drawn wider), on a compressed colour scale
+    (a power of 0.4) so that small weights stay visible."""
+    from matplotlib.colors import PowerNorm
+
+    plt = pyplot()
+    block = weights[0].shape[1]
+    fig, axes = plt.subplots(len(weights), 2, figsize=(13, 3.2 * len(weights)), squeeze=False,
+                             gridspec_kw=dict(width_ratios=[context, 2.5 * block]))
+    scale = PowerNorm(0.4, vmin=0, vmax=1)
+    for index, (row, w) in enumerate(zip(axes, weights)):
+        mean = w.mean(dim=0)  # (block, context + block): averaged over the query heads
+        row[0].imshow(mean[:, :context], aspect="auto", cmap="viridis", norm=scale)
+        image = row[1].imshow(mean[:, context:], aspect="auto", cmap="viridis", norm=scale)
+        row[0].set(title=f"drafter layer {index}: attention on the context", ylabel="query: block slot")
+        row[1].set(title="...and on the block")
+        row[1].set_yticks([])
+        row[1].set_xticks(range(0, block, 3))
+        fig.colorbar(image, ax=row[1], pad=0.02, label="attention weight")
+    axes[-1][0].set_xlabel(f"key: context position (0 .. {context - 1})")
+    axes[-1][1].set_xlabel("key: block slot")
     plt.tight_layout()
     plt.show()
 
@@ -269,15 +380,6 @@ COMMITTED, WRITTEN, EMPTY = "#5cb85c", "#d9d9d9", "white"  # a cache slot: count
 FEATURE_COLOUR, DRAFT_COLOUR, TARGET_COLOUR = "tab:orange", "#f5deb3", "#cfe2f3"
 
 
-def _cells(ax, x, y, labels, colours, *, width=0.36, height=0.36, fontsize=7):
-    """A row of square cells from (x, y), one per label."""
-    from matplotlib.patches import Rectangle
-
-    for i, (label, colour) in enumerate(zip(labels, colours)):
-        ax.add_patch(Rectangle((x + i * width, y), width, height, facecolor=colour, edgecolor="black", lw=0.6))
-        ax.text(x + (i + 0.5) * width, y + height / 2, label, ha="center", va="center", fontsize=fontsize)
-
-
 def _cache(ax, x, y, name, committed, written, labels=()):
     """A KV cache of SLOTS slots: `committed` slots counted (its `length`), then `written` slots that a pass
     wrote but nobody committed (the next pass overwrites them)."""
@@ -285,21 +387,6 @@ def _cache(ax, x, y, name, committed, written, labels=()):
     texts = list(labels) + [""] * (SLOTS - len(labels))
     ax.text(x, y + 0.48, f"{name}: length {committed}", fontsize=7.5)
     _cells(ax, x, y, texts, colours, width=0.19, height=0.3, fontsize=5.5)
-
-
-def _box(ax, x, y, text, colour, width=2.3):
-    from matplotlib.patches import FancyBboxPatch
-
-    ax.add_patch(FancyBboxPatch((x, y), width, 0.5, boxstyle="round,pad=0.05", facecolor=colour, edgecolor="black"))
-    ax.text(x + width / 2, y + 0.25, text, ha="center", va="center", fontsize=8, weight="bold")
-
-
-def _arrow(ax, start, end, colour="black", text="", *, rad=0.0, fontsize=7):
-    ax.annotate("", xy=end, xytext=start, arrowprops=dict(arrowstyle="-|>", color=colour, lw=1.4,
-                                                          connectionstyle=f"arc3,rad={rad}"))
-    if text:
-        ax.text((start[0] + end[0]) / 2, (start[1] + end[1]) / 2 + 0.12, text, color=colour, fontsize=fontsize,
-                ha="center")
 
 
 def draw_dflash_step(path: Path | str | None = None):
@@ -333,7 +420,7 @@ def draw_dflash_step(path: Path | str | None = None):
 
     # 1 · prefill: the prompt through the target; its features at every prompt position go to the drafter.
     _cells(ax, 0, 4.5, p, [TARGET_COLOUR] * PROMPT)
-    _box(ax, 0, 3.6, "target (Qwen3)", TARGET_COLOUR)
+    _box(ax, 0, 3.6, 2.3, 0.5, "target (Qwen3)", TARGET_COLOUR, weight="bold")
     _cells(ax, 0, 2.85, ["t"], ["white"])
     ax.text(0.45, 2.93, "first new token", fontsize=7)
     _cache(ax, 0, 0.9, "target KV cache", PROMPT, 0, p)
@@ -344,7 +431,7 @@ def draw_dflash_step(path: Path | str | None = None):
     # 2 · draft: the drafter reads the new context (6 feature rows) and the block of mask tokens.
     _cells(ax, 3, 4.5, ["t", "M", "M", "M", "M"], [DRAFT_COLOUR] * BLOCK)
     _cells(ax, 4.9, 4.5, ["f"] * 2 + ["…"], [FEATURE_COLOUR] * 2 + ["white"], width=0.3)
-    _box(ax, 3, 3.6, "drafter (a few layers)", DRAFT_COLOUR)
+    _box(ax, 3, 3.6, 2.3, 0.5, "drafter (a few layers)", DRAFT_COLOUR, weight="bold")
     _cells(ax, 3.36, 2.85, d, [DRAFT_COLOUR] * (BLOCK - 1))
     _cache(ax, 3, 0.9, "target KV cache", PROMPT, 0, p)
     scratch = ["f"] * PROMPT + ["t", "M", "M", "M", "M"]  # the context, kept; the block's slots, scratch
@@ -353,7 +440,7 @@ def draw_dflash_step(path: Path | str | None = None):
 
     # 3 · verify: the target reads [t, d1..d4] after the committed prompt; nothing is committed yet.
     _cells(ax, 6, 4.5, ["t", *d], [TARGET_COLOUR] * BLOCK)
-    _box(ax, 6, 3.6, "target (Qwen3)", TARGET_COLOUR)
+    _box(ax, 6, 3.6, 2.3, 0.5, "target (Qwen3)", TARGET_COLOUR, weight="bold")
     _cells(ax, 6, 2.85, y, ["white"] * BLOCK)
     ax.text(6, 2.45, "+ features at the 5 slots", fontsize=7, color=FEATURE_COLOUR, va="top")
     _cache(ax, 6, 0.9, "target KV cache", PROMPT, BLOCK, p + ["t", *d])
