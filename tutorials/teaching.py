@@ -297,6 +297,61 @@ def draw_attention_maps(weights: list[torch.Tensor], context: int):
     plt.show()
 
 
+# ------------------------------------------------------------------ notebook 4: training curves
+
+
+def draw_training_curves(steps, losses, accuracy, shipped_steps, shipped_accuracy, *, uniform: float,
+                         shipped_title: str):
+    """Three panels: this run's loss (log scale, with ln(vocab) dashed), its per-slot accuracy, and the
+    shipped drafter's run for a few slots with a dotted line where this run stops. `accuracy` is
+    (log lines, B-1), `shipped_accuracy` (shipped log lines, its B-1)."""
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+
+    plt = pyplot()
+    fig, (loss_ax, slots_ax, shipped_ax) = plt.subplots(1, 3, figsize=(14, 3.6))
+    loss_ax.plot(steps, losses, marker=".")
+    loss_ax.plot(0, losses[0], "o", color="tab:red", label="step 0: the untrained drafter")
+    loss_ax.axhline(uniform, color="grey", linestyle="--", label="ln(vocab): a uniform guess")
+    loss_ax.set(xlabel="step", ylabel="weighted loss (log scale)", yscale="log", title="this run: loss")
+    loss_ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    loss_ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    loss_ax.yaxis.set_minor_formatter(NullFormatter())
+    loss_ax.legend(fontsize=7)
+    colours = plt.cm.viridis(torch.linspace(0, 0.9, accuracy.shape[1]).tolist())
+    for slot in range(accuracy.shape[1]):
+        slots_ax.plot(steps, accuracy[:, slot], color=colours[slot], label=f"slot {slot + 1}")
+    slots_ax.set(xlabel="step", ylabel="accuracy (training batches)", ylim=(0, 1), title="this run: per-slot accuracy")
+    slots_ax.legend(fontsize=7, ncol=2)
+    last = shipped_accuracy.shape[1] - 1
+    for slot in sorted({0, last // 4, last // 2, last}):
+        shipped_ax.plot(shipped_steps, shipped_accuracy[:, slot], label=f"slot {slot + 1}")
+    shipped_ax.axvline(steps[-1], color="grey", linestyle=":", label="where this run stops")
+    shipped_ax.set(xlabel="step", ylabel="accuracy (training batches)", ylim=(0, 1), title=shipped_title)
+    shipped_ax.legend(fontsize=7)
+    plt.tight_layout()
+    plt.show()
+
+
+def draw_reach_curves(curves):
+    """Per drafter, the chance a draft gets through slot k: the product of slot accuracies at every anchor
+    and at the block starts, against the real share of steps that kept slot k (with binomial error bars).
+    `curves`: (name, every-anchor curve, block-start curve, kept, steps) per drafter."""
+    plt = pyplot()
+    fig, axes = plt.subplots(1, len(curves), figsize=(11, 3.4), sharey=True)
+    for ax, (name, every_curve, start_curve, kept, count) in zip(axes, curves):
+        slots = range(1, len(kept) + 1)
+        ax.plot(slots, every_curve, "--", marker=".", label="product of accuracies, every anchor")
+        ax.plot(slots, start_curve, marker=".", label="product of accuracies, block starts")
+        error = (kept * (1 - kept) / count).sqrt()  # (B-1,): binomial standard error over the steps
+        ax.errorbar(slots, kept, yerr=error, color="black", marker="o", capsize=3,
+                    label=f"real: steps that kept slot k ({count} steps)")
+        ax.set(xlabel="slot k", title=f"{name}: tau = 1 + the sum of a curve", ylim=(0, 1))
+        ax.legend(fontsize=7)
+    axes[0].set_ylabel("chance a draft gets through slot k")
+    plt.tight_layout()
+    plt.show()
+
+
 # ------------------------------------------------------------------ a timeline of a loop's passes
 
 
