@@ -352,6 +352,91 @@ def draw_reach_curves(curves):
     plt.show()
 
 
+# ------------------------------------------------------------------ notebook 5: colours, acceptance, benchmark bars
+
+
+def coloured_html(tokenizer, result, drafts_per_step, committed, block: int) -> str:
+    """HTML of one answer: accepted drafts green, the target's own tokens plain, and after each step that
+    rejected a draft, that draft small, red and struck out. `committed`: (token, drafted) per committed token,
+    as the loop's `on_token` sees them; `drafts_per_step`: each step's drafts as the drafter proposed them."""
+    import html
+
+    piece = lambda ids: html.escape(tokenizer.decode(ids))  # noqa: E731
+    out = [piece([committed[0][0]])]  # the prefill's token
+    position = 1
+    for length, drafts in zip(result.acceptance_lengths, drafts_per_step):
+        for token, drafted in committed[position:position + length]:
+            style = "background:#c6f0c2;color:#05400a" if drafted else ""
+            out.append(f'<span style="{style}">{piece([token])}</span>')
+        if length < block and position + length <= len(committed):  # a draft was rejected in this step
+            rejected = tokenizer.decode([drafts[length - 1]]).replace("\n", "⏎")
+            out.append(f'<span style="color:#c00;font-size:70%;text-decoration:line-through">'
+                       f'{html.escape(rejected)}</span>')
+        position += length
+    return "<pre style='line-height:1.5'>" + "".join(out) + "</pre>"
+
+
+def wilson(rate: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95 % Wilson interval of a rate measured on n trials: (low, high). Unlike rate ± 2 standard errors
+    it stays inside [0, 1] and is honest for small n, where the late draft slots live."""
+    centre = (rate + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * (rate * (1 - rate) / n + z * z / (4 * n * n)) ** 0.5 / (1 + z * z / n)
+    return centre - half, centre + half
+
+
+def draw_acceptance(histogram: list[int], rates: list, reached: list[int], tau: float):
+    """Left: the acceptance histogram (share of steps committing 1..B tokens, counts above the bars, tau
+    dashed). Right: each slot's rate of being kept given the slot before it was, with 95 % Wilson intervals
+    and, above each bar, how many steps reached that slot."""
+    plt = pyplot()
+    steps, block = sum(histogram), len(histogram)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.8))
+    left.bar(range(1, block + 1), [count / steps for count in histogram], color="tab:green")
+    left.axvline(tau, color="black", linestyle="--", label=f"tau = {tau:.2f}")
+    for size, count in enumerate(histogram, start=1):
+        if count:
+            left.text(size, count / steps, str(count), ha="center", va="bottom", fontsize=7)
+    left.set(xlabel="tokens committed in one step (number above: steps)", ylabel="share of steps",
+             title=f"acceptance histogram ({steps} steps)")
+    left.legend()
+    slots = [k for k in range(1, block) if reached[k - 1]]
+    values = [rates[k - 1] for k in slots]
+    intervals = [wilson(rates[k - 1], reached[k - 1]) for k in slots]
+    errors = [[v - low for v, (low, _) in zip(values, intervals)], [high - v for v, (_, high) in zip(values, intervals)]]
+    right.bar(slots, values, color="tab:blue", yerr=errors, capsize=2, ecolor="black")
+    for k in slots:
+        right.text(k, 1.02, str(reached[k - 1]), ha="center", fontsize=7)
+    right.set(xlabel="draft slot k (number above: steps that reached it)", ylabel="P(slot k kept | slot k-1 kept)",
+              ylim=(0, 1.1), title="per-position acceptance, 95 % intervals")
+    plt.tight_layout()
+    plt.show()
+
+
+def draw_bench_bars(rows: dict, blocks: list[int]):
+    """benchmarks/bench.py's rows, (kind, block) -> its pooled figures: tau of DFlash and of the oracle per
+    block (left); the measured speedups and DFlash's ideal one at its tau (right)."""
+    plt = pyplot()
+    fig, (taus, speedups) = plt.subplots(1, 2, figsize=(12, 3.6))
+    width = 0.27
+    for i, block in enumerate(blocks):
+        dflash, oracle = rows[("DFlash", block)], rows[("oracle", block)]
+        first = i == 0  # label each series once
+        taus.bar(i - width / 2, dflash["tau"], width, color="tab:green", label="DFlash" if first else None)
+        taus.bar(i + width / 2, oracle["tau"], width, color="tab:grey",
+                 label="oracle (every draft right)" if first else None)
+        speedups.bar(i - width, dflash["speedup"], width, color="tab:green", label="DFlash, measured" if first else None)
+        speedups.bar(i, dflash["ideal_speedup"], width, color="tab:olive",
+                     label="DFlash, ideal at its tau" if first else None)
+        speedups.bar(i + width, oracle["speedup"], width, color="tab:grey", label="oracle, measured" if first else None)
+    for ax, what in zip((taus, speedups), ("tau (mean step length)", "speedup over the plain loop")):
+        ax.set_xticks(range(len(blocks)), [f"block {b}" for b in blocks])
+        ax.set(xlabel=f"block size ({rows[('DFlash', blocks[0])]['prompts']} prompts each)", ylabel=what)
+        ax.legend(fontsize=8)
+    speedups.axhline(1.0, color="black", linewidth=0.8)
+    plt.tight_layout()
+    plt.show()
+
+
 # ------------------------------------------------------------------ a timeline of a loop's passes
 
 
