@@ -437,6 +437,112 @@ def draw_bench_bars(rows: dict, blocks: list[int]):
     plt.show()
 
 
+# ------------------------------------------------------------------ notebook 6: pitfalls
+
+
+def draw_tau_against_repetition(points: dict, *, degenerate_below: float):
+    """τ of each run against its distinct-4-gram ratio: `points` label -> (colour, [(ratio, tau), ...])."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, (colour, xy) in points.items():
+        ax.scatter(*zip(*xy), color=colour, label=label)
+    ax.axvline(degenerate_below, color="black", linestyle=":", label="degenerate below this")
+    ax.set(xlabel="distinct-4-gram ratio of the output", ylabel="tau of the run (tokens per step)", xlim=(0, 1.05),
+           ylim=(0, None), title=f"tau against repetition, {sum(len(xy) for _, xy in points.values())} runs")
+    ax.legend(fontsize=8, loc="center left")
+    plt.show()
+
+
+def draw_gap_histogram(gaps: list[float], error: float, *, prompts: int):
+    """How far the top logit leads the second at each greedy position (log scale), against the bfloat16 error."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.4))
+    ax.hist(gaps, bins=torch.logspace(-4, 1.5, 40).tolist(), color="tab:blue")
+    ax.axvline(error, color="tab:red", label=f"largest |float32 - bfloat16| logit difference here ({error:.2f})")
+    ax.set(xscale="log", xlabel="top-1 minus top-2 logit (float32)", ylabel="positions",
+           title=f"{len(gaps)} greedy positions on {prompts} prompts")
+    ax.legend(fontsize=8)
+    plt.show()
+
+
+def draw_block_costs(figures: dict, decode_ms: float):
+    """Left: a step's passes (verify, draft) in ms against the block size, beside one plain decode pass.
+    Right: tau, the ideal speedup at that tau and the measured one. `figures`: block -> bench.py's row."""
+    plt = pyplot()
+    blocks = sorted(figures)
+    fig, (cost, gain) = plt.subplots(1, 2, figsize=(12, 3.6))
+    for phase, label in (("verify", "verify (B tokens)"), ("draft", "draft")):
+        cost.plot(blocks, [figures[b]["per_step_ms"][phase] for b in blocks], marker="o", label=label)
+    cost.axhline(decode_ms, color="black", linestyle="--", label="plain decode (1 token)")
+    cost.set(xlabel="block size B", ylabel="ms per pass", title="what one step costs (this CPU)", xticks=blocks,
+             ylim=(0, None))
+    cost.legend(fontsize=8)
+    for key, label in (("tau", "tau"), ("ideal_speedup", "ideal speedup at that tau"), ("speedup", "measured speedup")):
+        gain.plot(blocks, [figures[b][key] for b in blocks], marker="o", label=label)
+    gain.axhline(1, color="black", linewidth=0.8)
+    gain.set(xlabel="block size B", ylabel="tau (tokens per step), speedup (x)", title="what it buys", xticks=blocks)
+    gain.legend(fontsize=8)
+    plt.tight_layout()
+    plt.show()
+
+
+def draw_keep_probabilities(temperatures: list[float], exact: dict, at_hot: list[torch.Tensor], *, contexts: int):
+    """Left: each rule's exact keep probability against the temperature, unfiltered and filtered; `exact`:
+    (T, filtered) -> (greedy, sampled). Right: per slot at T 1.5, unfiltered; `at_hot`: (greedy, sampled)."""
+    plt = pyplot()
+    fig, (by_t, by_slot) = plt.subplots(1, 2, figsize=(12, 3.6))
+    for filtered, style, marker in ((False, "-", "o"), (True, "--", "s")):
+        suffix = ", top-k 20, top-p 0.8" if filtered else ""
+        by_t.plot(temperatures, [exact[t, filtered][0] for t in temperatures], marker=marker, linestyle=style,
+                  color="tab:blue", label="greedy drafts: p(argmax q)" + suffix)
+        by_t.plot(temperatures, [exact[t, filtered][1] for t in temperatures], marker=marker, linestyle=style,
+                  color="tab:orange", label="sampled drafts: sum min(p, q)" + suffix)
+    slots = range(1, len(at_hot[0]) + 1)
+    by_t.set(xlabel="temperature T", ylabel="P(slot kept), mean over slots", ylim=(0, 1),
+             title=f"keep probability, exact, {contexts} contexts x {len(slots)} slots")
+    by_t.legend(fontsize=7)
+    by_slot.plot(slots, at_hot[0], marker="o", color="tab:blue", label="greedy drafts")
+    by_slot.plot(slots, at_hot[1], marker="o", color="tab:orange", label="sampled drafts")
+    by_slot.set(xlabel="draft slot", ylabel="P(slot kept), mean over contexts", ylim=(0, 1), xticks=slots,
+                title=f"per slot at T 1.5, no filters ({contexts} contexts each)")
+    by_slot.legend(fontsize=8)
+    plt.tight_layout()
+    plt.show()
+
+
+def draw_policy_taus(taus: dict, settings: list[str], policies: list[str], per_slot: dict, *, greedy_tau: float,
+                     hot: str):
+    """Left: tau per draft policy and sampling setting, with bootstrap standard errors; `taus`: (setting,
+    policy) -> (tau, error). Right: per-slot acceptance at the setting `hot` with Wilson 95 % intervals;
+    `per_slot`: policy -> (rates, reached) per slot 1..B-1."""
+    plt = pyplot()
+    fig, (bars, slots_ax) = plt.subplots(1, 2, figsize=(13, 3.8))
+    width = 0.27
+    for j, policy in enumerate(policies):
+        xs = [i + (j - 1) * width for i in range(len(settings))]
+        bars.bar(xs, [taus[name, policy][0] for name in settings], width,
+                 yerr=[taus[name, policy][1] for name in settings], capsize=3, label=policy)
+    bars.axhline(greedy_tau, color="black", linestyle=":", label="T 0 (greedy decoding)")
+    bars.set_xticks(range(len(settings)), list(settings), fontsize=8)
+    bars.set(ylabel="tau (tokens per step)", xlabel="sampling", ylim=(0, 9.5),
+             title="tau per draft policy (bootstrap standard errors)")
+    bars.legend(fontsize=7, ncol=4, loc="upper center")
+    for j, policy in enumerate(policies):
+        rates, reached = per_slot[policy]
+        shown = [(slot, rate, n) for slot, (rate, n) in enumerate(zip(rates, reached), start=1) if n]
+        intervals = [wilson(rate, n) for _, rate, n in shown]
+        low = [rate - lo for (_, rate, _), (lo, _) in zip(shown, intervals)]
+        high = [hi - rate for (_, rate, _), (_, hi) in zip(shown, intervals)]
+        slots_ax.errorbar([slot + (j - 1) * 0.2 for slot, _, _ in shown], [rate for _, rate, _ in shown],
+                          yerr=[low, high], marker="o", capsize=2, linestyle="-",
+                          label=f"{policy} (steps reaching slot 1, 8, 15: {reached[0]}, {reached[7]}, {reached[14]})")
+    slots_ax.set(xlabel="draft slot", ylabel="kept / reached", ylim=(0, 1.05), xticks=range(1, len(rates) + 1),
+                 title=f"per-slot acceptance at {hot}, Wilson 95 % intervals")
+    slots_ax.legend(fontsize=7, loc="lower left")
+    plt.tight_layout()
+    plt.show()
+
+
 # ------------------------------------------------------------------ a timeline of a loop's passes
 
 
