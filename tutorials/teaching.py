@@ -543,6 +543,196 @@ def draw_policy_taus(taus: dict, settings: list[str], policies: list[str], per_s
     plt.show()
 
 
+# ------------------------------------------------------------------ notebook 7: draft trees
+
+
+def token_label(tokenizer, token: int) -> str:
+    """A token, short enough for a figure: ⏎ for a newline, ␣11 for a run of 11 spaces, · for one space."""
+    import re
+
+    text = tokenizer.decode([token]).replace("\n", "⏎")
+    text = re.sub(r" {2,}", lambda run: f"␣{len(run.group())}", text)
+    return text.replace(" ", "·")
+
+
+def draw_top_choices(probs: torch.Tensor, truth_rank: list, chain_kept: int):
+    """The drafter's top choices per slot as stacked bars, `probs` (slots, top); the truth outlined in green
+    where `truth_rank[d]` names its rank among them, a red cross where it is not among them; a dashed line
+    where the chain stops."""
+    plt = pyplot()
+    slots, top = probs.shape
+    fig, ax = plt.subplots(figsize=(12, 3.6))
+    bottom = torch.zeros(slots)
+    for rank, colour in enumerate(["tab:blue", "cornflowerblue", "lightsteelblue", "lavender"][:top]):
+        ax.bar(range(1, slots + 1), probs[:, rank], bottom=bottom, color=colour, label=f"choice {rank + 1}")
+        bottom += probs[:, rank]
+    for d, rank in enumerate(truth_rank):
+        if rank is not None:
+            ax.bar(d + 1, probs[d, rank], bottom=probs[d, :rank].sum(), fill=False, edgecolor="tab:green", linewidth=2.5)
+        else:
+            ax.plot(d + 1, bottom[d] + 0.04, marker="x", color="tab:red", markersize=9, markeredgewidth=2)
+    ax.axvline(chain_kept + 0.5, color="black", linestyle="--", linewidth=1)
+    ax.text(chain_kept + 0.6, 1.02, "the chain stops here", fontsize=9, va="bottom")
+    ax.set(xlabel="draft slot (depth)", ylabel="drafter's probability", xticks=list(range(1, slots + 1)),
+           ylim=(0, 1.15), title=f"the drafter's top-{top} tokens per slot; green outline: the target's token")
+    ax.legend(loc="upper right", fontsize=8, ncol=4)
+    plt.show()
+
+
+def draw_tree(tree, labels: list[str], *, title: str, path=(), bonus_label: str | None = None):
+    """The tree left to right by depth, each node's token (`labels`, one per node), index and own probability;
+    the root gold, the kept `path` green, and after it the target's bonus token. A leaf takes the next free
+    row; a parent sits level with its first child, so the top row is the chain."""
+    import math
+
+    plt = pyplot()
+    children = {node: [] for node in range(len(tree.tokens))}
+    for node in range(1, len(tree.tokens)):
+        children[tree.parents[node]].append(node)  # in joining order: likeliest child first
+    row, rows = {}, iter(range(len(tree.tokens)))
+
+    def place(node):
+        for child in children[node]:
+            place(child)
+        row[node] = row[children[node][0]] if children[node] else next(rows)
+
+    place(0)
+    leaves = len(tree.tokens) - len(set(tree.parents[1:]))  # the rows used
+    fig, ax = plt.subplots(figsize=(12, 0.55 * leaves + 1.5))
+    for node in range(1, len(tree.tokens)):
+        parent = tree.parents[node]
+        ax.plot([tree.depths[parent], tree.depths[node]], [row[parent], row[node]], color="grey", zorder=1)
+    for node, text in enumerate(labels):
+        colour = "gold" if node == 0 else ("#9be59b" if node in path else "aliceblue")
+        ax.text(tree.depths[node], row[node], text, ha="center", va="center", fontsize=9, zorder=2,
+                bbox=dict(boxstyle="round", facecolor=colour, edgecolor="grey"))
+        own = tree.scores[node] - (tree.scores[tree.parents[node]] if node else 0.0)
+        note = f"#{node}  {math.exp(own):.2f}" if node else "#0"  # index, and the node's own probability
+        ax.text(tree.depths[node], row[node] + 0.38, note, ha="center", va="center", fontsize=7, color="dimgrey")
+    if bonus_label is not None:
+        end = path[-1]
+        ax.plot([tree.depths[end], tree.depths[end] + 1], [row[end], row[end]], color="tab:green", linestyle="--")
+        ax.text(tree.depths[end] + 1, row[end], bonus_label, ha="center", va="center", fontsize=9,
+                bbox=dict(boxstyle="round", facecolor="white", edgecolor="tab:green", linestyle="--"))
+        ax.text(tree.depths[end] + 1, row[end] + 0.38, "bonus", ha="center", fontsize=7, color="tab:green")
+    extra = 1 if bonus_label is not None else 0
+    ax.set(xlim=(-0.6, max(tree.depths) + 0.6 + extra), ylim=(leaves - 0.3, -0.8),
+           xticks=range(max(tree.depths) + 1 + extra), xlabel="depth (slot of the block)", title=title)
+    ax.set_yticks([])
+    for side in ("left", "right", "top"):
+        ax.spines[side].set_visible(False)
+    plt.show()
+
+
+def draw_ancestor_mask(tree_mask: torch.Tensor, whole: torch.Tensor, labels: list[str], *, start: int, shown: int):
+    """Left: the ancestor mask, node i may see node j. Right: what attention gets, the last `shown` committed
+    slots then the tree's (`whole` is (nodes, keys) over the cache)."""
+    plt = pyplot()
+    nodes = len(labels)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.2), gridspec_kw=dict(width_ratios=[nodes, shown + nodes]))
+    left.imshow(tree_mask, cmap="Greens", vmin=0, vmax=1.4)
+    left.set(title="ancestor_mask: node i may see node j", xlabel="key: node j", ylabel="query: node i")
+    left.set_xticks(range(nodes))
+    left.set_yticks(range(nodes), labels, fontsize=8)
+    right.imshow(whole[:, start - shown:], cmap="Greens", vmin=0, vmax=1.4)
+    right.axvline(shown - 0.5, color="black", linewidth=1.5)
+    right.set(title="what attention gets: the committed slots, then the tree's", xlabel="key: cache slot",
+              ylabel="query: node i (rows as on the left)")
+    right.set_xticks(range(shown + nodes), [str(start - shown + j) for j in range(shown + nodes)], rotation=90,
+                     fontsize=8)
+    right.set_yticks([])
+    plt.tight_layout()
+    plt.show()
+
+
+def draw_compaction(labels: list[str], held_after: list[int], path: list[int], *, start: int):
+    """The tree's cache slots after verify_tree (node i at start + i) and after keep_path (the path first,
+    then stale nodes); `held_after[j]` is the node whose keys slot start + j holds after the move."""
+    plt = pyplot()
+    nodes = len(labels)
+    fig, axes = plt.subplots(2, 1, figsize=(12, 2.6))
+    stages = ((range(nodes), "after verify_tree: node i at slot start + i", False),
+              (held_after, "after keep_path: the path at start, start + 1, ...; the rest is stale", True))
+    for ax, (held, title, after) in zip(axes, stages):
+        for j, node in enumerate(held):
+            kept = node in path and (not after or j < len(path))
+            colour = "#9be59b" if kept else ("whitesmoke" if after else "aliceblue")
+            ax.text(j, 0, f"#{node}\n{labels[node]}", ha="center", va="center", fontsize=8,
+                    bbox=dict(boxstyle="square", facecolor=colour, edgecolor="grey"))
+        if after:
+            ax.axvline(len(path) - 0.5, color="black", linewidth=1.5)
+            ax.text(len(path) - 0.4, 0.55, "cache.length", fontsize=8)
+        ax.set(xlim=(-0.6, nodes - 0.4), ylim=(-0.7, 0.9), title=title, xlabel="cache slot")
+        ax.set_yticks([])
+        ax.set_xticks(range(nodes), [str(start + j) for j in range(nodes)], fontsize=8)
+        for side in ("left", "right", "top"):
+            ax.spines[side].set_visible(False)
+    plt.tight_layout()
+    plt.show()
+
+
+def draw_tree_taus(budgets: list[int], taus: dict, *, split: bool):
+    """tau of trees against the budget, the chain's as a line; `taus` name -> (all prompts, non-degenerate);
+    the non-degenerate subset drawn dashed when `split`."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    for which, style, subset in [(0, "-", "all prompts")] + ([(1, "--", "non-degenerate")] if split else []):
+        ax.plot(budgets, [taus[n][which] for n in budgets], marker="o", linestyle=style, color="tab:green",
+                label=f"trees, {subset}")
+        ax.axhline(taus["chain"][which], color="tab:blue", linestyle=style, label=f"chain, {subset}")
+    ax.set_xscale("log", base=2)
+    ax.set(xticks=budgets, xticklabels=budgets, xlabel="tree budget N (drafted nodes)",
+           ylabel="tau (tokens per target pass)", title="tau: trees against the chain")
+    ax.minorticks_off()
+    ax.legend(fontsize=8)
+    plt.show()
+
+
+def draw_per_depth(series: dict, *, title: str):
+    """Per depth, the share of steps that reached it and kept a draft there, with Wilson 95 % intervals and
+    the count of steps that reached it. `series`: name -> (colour, {depth: (kept, reached)})."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(12, 3.8))
+    for shift, (name, (colour, counts)) in zip((-0.15, 0.15), series.items()):
+        depths = sorted(counts)
+        rates = [counts[d][0] / counts[d][1] for d in depths]
+        bounds = [wilson(rate, counts[d][1]) for rate, d in zip(rates, depths)]
+        ax.errorbar([d + shift for d in depths], rates, yerr=[[r - lo for r, (lo, _) in zip(rates, bounds)],
+                                                              [hi - r for r, (_, hi) in zip(rates, bounds)]],
+                    marker="o", capsize=2, color=colour, label=name)
+        for d in depths:
+            ax.text(d + shift, 0.02 if shift < 0 else 0.09, str(counts[d][1]), ha="center", fontsize=7, color=colour)
+    ax.set(xlabel="depth (draft slot)", ylabel="kept / reached", ylim=(0, 1.2), title=title,
+           xticks=range(1, 1 + max(max(counts) for _, counts in series.values())))
+    ax.legend(fontsize=8, loc="upper center", ncol=2)
+    plt.show()
+
+
+def draw_tree_costs(sizes: list[int], budgets: list[int], ms: dict, ideal: dict, *, block: int):
+    """Left: one pass's time against the tree budget (tree verify and draft), beside the chain's verify and
+    a plain decode. Right: the estimated speedup of each budget and of the chain."""
+    plt = pyplot()
+    fig, (cost, gain) = plt.subplots(1, 2, figsize=(12, 3.8))
+    cost.plot(sizes, [ms[f"verify {n}"] for n in sizes], marker="o", color="tab:green", label="tree verify (N + 1 tokens)")
+    cost.axhline(ms["chain verify"], color="tab:blue", linestyle="--", label=f"chain verify ({block} tokens)")
+    cost.axhline(ms["decode"], color="black", linestyle=":", label="plain decode (1 token)")
+    cost.plot(sizes, [ms[f"draft {n}"] for n in sizes], marker=".", color="tab:orange", label="tree draft")
+    cost.set(xticks=[1, 8, 16, 32, 64], xlabel="tree budget N (a linear axis)", ylabel="ms per pass", ylim=(0, None),
+             title="what one pass costs (this CPU)")
+    cost.legend(fontsize=8)
+    gain.plot(budgets, [ideal[n] for n in budgets], marker="o", color="tab:green", label="trees")
+    gain.axhline(ideal["chain"], color="tab:blue", linestyle="--", label="chain")
+    gain.axhline(1, color="black", linewidth=0.8)
+    gain.set_xscale("log", base=2)
+    gain.set(xticks=budgets, xticklabels=budgets, xlabel="tree budget N", ylim=(0, None), ylabel="estimated speedup (x)",
+             title="what it buys: tau x t_decode / (t_draft + t_verify)")
+    gain.legend(fontsize=8)
+    for ax in (cost, gain):
+        ax.minorticks_off()
+    plt.tight_layout()
+    plt.show()
+
+
 # ------------------------------------------------------------------ a timeline of a loop's passes
 
 
