@@ -733,6 +733,98 @@ def draw_tree_costs(sizes: list[int], budgets: list[int], ms: dict, ideal: dict,
     plt.show()
 
 
+# ------------------------------------------------------------------ notebook 8: the cost model
+
+
+def draw_tau_curves(tau_constant, alphas=(0.5, 0.7, 0.8, 0.9, 0.95), blocks=range(1, 33)):
+    """tau(B) for a few constant acceptances, each with its limit 1 / (1 - alpha) dotted."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for alpha, colour in zip(alphas, ("tab:grey", "tab:blue", "tab:green", "tab:orange", "tab:red")):
+        ax.plot(blocks, [tau_constant(alpha, b) for b in blocks], "o-", ms=3, color=colour, label=f"alpha = {alpha}")
+        ax.axhline(1 / (1 - alpha), color=colour, ls=":", lw=1)
+    ax.set(xlabel="block size B (tokens per step, the first one the target's)", ylabel="tau: expected tokens per step",
+           title="tau(B) = (1 - alpha^B) / (1 - alpha); dotted: the limit 1 / (1 - alpha)")
+    ax.legend(fontsize=8)
+    plt.tight_layout()
+    plt.show()
+
+
+def draw_slot_profile(profile: list, kept: list[int], reached: list[int]):
+    """Each slot's acceptance given the slots before it were kept, with its 95 % Wilson interval and, on top,
+    the count of steps that reached it."""
+    plt = pyplot()
+    slots = range(1, len(profile) + 1)
+    values = [a if a is not None else float("nan") for a in profile]
+    bounds = [wilson(k / r, r) if r else (float("nan"),) * 2 for k, r in zip(kept, reached)]
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    ax.bar(slots, values, color="tab:blue")
+    ax.errorbar(slots, values, yerr=[[v - lo for v, (lo, _) in zip(values, bounds)],
+                                     [hi - v for v, (_, hi) in zip(values, bounds)]], fmt="none", color="black", capsize=3)
+    for k, r in zip(slots, reached):
+        ax.text(k, 1.07, f"{r}", ha="center", fontsize=7)
+    ax.set(xlabel="draft slot k", ylabel="P(slot k kept | slots before kept)", ylim=(0, 1.15), xticks=list(slots),
+           title=f"per-slot acceptance, block {len(profile) + 1}, {reached[0]} steps "
+                 f"(numbers: steps that reached the slot)")
+    plt.tight_layout()
+    plt.show()
+
+
+def draw_block_curve(curve: dict, predicted: dict, measured: dict, best: int):
+    """The modelled speedup against the block size (`curve`, block -> x), the model of whole runs and the
+    measured speedup at the benchmark's blocks, and the model's best block dotted."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(8, 3.8))
+    ax.plot(list(curve), list(curve.values()), "o-", ms=4, color="tab:blue",
+            label="model: block-16 profile cut at B, fitted step cost")
+    ax.plot(list(predicted), list(predicted.values()), "s", ms=8, mfc="none", color="tab:green",
+            label="model of §3 (each block's own run)")
+    ax.plot(list(measured), list(measured.values()), "x", ms=10, mew=2, color="black", label="measured")
+    ax.axvline(best, color="tab:blue", ls=":", lw=1)
+    ax.set(xlabel="block size B", ylabel="speedup over the plain loop", xticks=list(curve),
+           title=f"best block: where one more slot stops paying (model: {best})")
+    ax.legend(fontsize=8)
+    plt.tight_layout()
+    plt.show()
+
+
+def draw_gpu_model(tokens: list[int], verify_ratios: dict, ridges: dict, sizes: list[int], speedups: dict,
+                   demo: tuple):
+    """Left: a verify pass's cost in decode passes against its tokens, per GPU (`verify_ratios`), with each
+    GPU's FLOP/byte ridge. Right: modelled speedups against the block size (`speedups`: label -> (colour,
+    style, values)), and the demo pair's profile as points (`demo`: blocks, values)."""
+    plt = pyplot()
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.8))
+    for (gpu, ratios), style in zip(verify_ratios.items(), ("-", "--")):
+        left.semilogx(tokens, ratios, "o" + style, ms=3, base=2, label=gpu)
+        left.axvline(ridges[gpu], color="grey", ls=style, lw=0.8)
+    left.set(xlabel="tokens in one verify pass (B)", ylabel="cost / one decode pass",
+             title="Qwen3-8B verify pass, roofline model (grey: FLOP/byte ridge)")
+    left.legend(fontsize=8)
+    for label, (colour, style, values) in speedups.items():
+        right.plot(sizes, values, style, color=colour, label=label)
+    right.plot(*demo, "o", ms=3, color="tab:blue", label="DFlash, the demo pair's profile")
+    right.set(xlabel="block size B", ylabel="modelled speedup (passes only)",
+              title="H200, Qwen3-8B: the model, not a measurement")
+    right.legend(fontsize=7)
+    plt.tight_layout()
+    plt.show()
+
+
+def draw_drafter_costs(sizes: list[int], t_draft: dict, t_ar: dict, t_decode: float):
+    """Time to draft a block: one DFlash pass against B - 1 autoregressive passes, beside one decode pass."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.6))
+    ax.plot(sizes, [t_draft[b] for b in sizes], "o-", ms=4, color="tab:orange", label="DFlash: one pass")
+    ax.plot(sizes, [t_ar[b] for b in sizes], "s-", ms=4, color="tab:purple", label="autoregressive: B - 1 one-token passes")
+    ax.axhline(t_decode, color="tab:blue", ls=":", label="one decode pass of the target")
+    ax.set(xlabel="block size B", ylabel="ms to draft a block (fastest of 15)", xticks=sizes,
+           title="drafting a block on this CPU: 2-layer drafters of the same width")
+    ax.legend(fontsize=8)
+    plt.tight_layout()
+    plt.show()
+
+
 # ------------------------------------------------------------------ a timeline of a loop's passes
 
 
