@@ -68,7 +68,7 @@ H100 = Accelerator("NVIDIA H100 SXM", bandwidth=3.35e12, flops=989e12)
 H200 = Accelerator("NVIDIA H200", bandwidth=4.8e12, flops=989e12)  # the H100's chip with faster memory
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PassCost:
     """What one forward pass of a model reads and computes, counted from the model's shapes.
 
@@ -91,8 +91,9 @@ class PassCost:
         embedding = {id(m.weight): m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding)}
         every = {id(p): p.numel() for p in model.parameters()}
         other = sum(n for key, n in every.items() if key not in linear and key not in embedding)
-        return cls(sum(linear.values()) + borrowed_matmul, other, config.hidden_size, config.num_hidden_layers,
-                   config.num_key_value_heads, config.num_attention_heads, config.head_dim)
+        return cls(matmul_weights=sum(linear.values()) + borrowed_matmul, other_weights=other,
+                   hidden_size=config.hidden_size, kv_layers=config.num_hidden_layers,
+                   kv_heads=config.num_key_value_heads, query_heads=config.num_attention_heads, head_dim=config.head_dim)
 
     def bytes_read(self, tokens: int, context: int = ROOFLINE_CONTEXT) -> float:
         """Bytes one pass over `tokens` new tokens reads, after `context` cached ones."""
@@ -132,10 +133,11 @@ def _cells(ax, x, y, labels, colours, *, width=0.36, height=0.36, fontsize=7):
         ax.text(x + (i + 0.5) * width, y + height / 2, label, ha="center", va="center", fontsize=fontsize)
 
 
-def _box(ax, x, y, width, height, text, colour, *, fontsize=8, weight="normal"):
-    """A rounded box with its text centred."""
+def _box(ax, x, y, text, colour, *, size=(2.3, 0.5), fontsize=8, weight="normal"):
+    """A rounded box of `size` (width, height) from (x, y), its text centred."""
     from matplotlib.patches import FancyBboxPatch
 
+    width, height = size
     ax.add_patch(FancyBboxPatch((x, y), width, height, boxstyle="round,pad=0.02,rounding_size=0.08",
                                 facecolor=colour, edgecolor="black", linewidth=0.8))
     ax.text(x + width / 2, y + height / 2, text, ha="center", va="center", fontsize=fontsize, weight=weight)
@@ -229,32 +231,35 @@ def draw_kv_injection(dc):
     ax.set(xlim=(0, 13.5), ylim=(-0.4, L * step + 1.6))
     ax.axis("off")
     # The target, bottom to top: embedding, its layers (the ones read highlighted), LM head.
-    _box(ax, 0.3, 0, 2.4, 0.45, "target: embed_tokens", "whitesmoke", fontsize=9)
+    _box(ax, 0.3, 0, "target: embed_tokens", "whitesmoke", size=(2.4, 0.45), fontsize=9)
     layer_y = {i: 0.6 + i * step for i in range(L)}
     for i, y in layer_y.items():
-        _box(ax, 0.3, y, 2.4, 0.45, f"target layer {i}", "gold" if i in taps else "whitesmoke", fontsize=9)
-    _box(ax, 0.3, 0.6 + L * step, 2.4, 0.45, "norm, LM head", "whitesmoke", fontsize=9)
+        _box(ax, 0.3, y, f"target layer {i}", "gold" if i in taps else "whitesmoke", size=(2.4, 0.45), fontsize=9)
+    _box(ax, 0.3, 0.6 + L * step, "norm, LM head", "whitesmoke", size=(2.4, 0.45), fontsize=9)
     ax.text(1.5, 0.6 + L * step + 0.75, "target\n(run over the context)", ha="center", fontsize=10, weight="bold")
     # Features: concatenated, fused by fc + hidden_norm into the context.
     fuse_y = 0.6 + (L // 2) * step
-    _box(ax, 3.8, fuse_y - 0.05, 2.0, 0.55, f"concatenate\n(n, {len(taps)} × hidden)", "lightyellow", fontsize=9)
+    _box(ax, 3.8, fuse_y - 0.05, f"concatenate\n(n, {len(taps)} × hidden)", "lightyellow", size=(2.0, 0.55),
+         fontsize=9)
     for i in taps:
         _arrow(ax, (2.7, layer_y[i] + 0.22), (3.8, fuse_y + 0.22))
-    _box(ax, 3.8, fuse_y - 1.0, 2.0, 0.55, "fc, hidden_norm\ncontext (n, hidden)", "lightyellow", fontsize=9)
+    _box(ax, 3.8, fuse_y - 1.0, "fc, hidden_norm\ncontext (n, hidden)", "lightyellow", size=(2.0, 0.55), fontsize=9)
     _arrow(ax, (4.8, fuse_y - 0.05), (4.8, fuse_y - 0.45))
     # The drafter, bottom to top: the block's embedding, its layers, the final norm and the target's LM head.
     x0, width = 7.6, 5.4
-    _box(ax, x0, 0, width, 0.45, "block [last, MASK, ..., MASK] → target's embed_tokens", "lightblue", fontsize=9)
+    _box(ax, x0, 0, "block [last, MASK, ..., MASK] → target's embed_tokens", "lightblue", size=(width, 0.45),
+         fontsize=9)
     height = (L * step - 0.3) / D
     drafter_y = [0.6 + d * (height + 0.15) for d in range(D)]
     for d, y in enumerate(drafter_y):
-        _box(ax, x0, y, width, height, "", "aliceblue")
+        _box(ax, x0, y, "", "aliceblue", size=(width, height))
         ax.text(x0 + 0.1, y + height - 0.2, f"drafter layer {d}", fontsize=9, weight="bold")
         inner = (height - 0.65) / 2  # two stacked boxes on the left, attention on the right
-        _box(ax, x0 + 0.2, y + 0.15, 2.5, inner, "k, v of the context\n(this layer's k_proj, v_proj)", "lightyellow")
-        _box(ax, x0 + 0.2, y + 0.3 + inner, 2.5, inner, "q, k, v of the block", "lightblue")
-        _box(ax, x0 + 3.2, y + 0.15, 2.0, height - 0.5, "attention: the block's\nqueries over the keys\nand values of\n"
-             "[context ; block]\n(no mask), then MLP", "white")
+        _box(ax, x0 + 0.2, y + 0.15, "k, v of the context\n(this layer's k_proj, v_proj)", "lightyellow",
+             size=(2.5, inner))
+        _box(ax, x0 + 0.2, y + 0.3 + inner, "q, k, v of the block", "lightblue", size=(2.5, inner))
+        _box(ax, x0 + 3.2, y + 0.15, "attention: the block's\nqueries over the keys\nand values of\n"
+             "[context ; block]\n(no mask), then MLP", "white", size=(2.0, height - 0.5))
         _arrow(ax, (x0 + 2.7, y + 0.15 + inner / 2), (x0 + 3.2, y + 0.15 + inner / 2))
         _arrow(ax, (x0 + 2.7, y + 0.3 + 1.5 * inner), (x0 + 3.2, y + 0.3 + 1.5 * inner))
         _arrow(ax, (5.8, fuse_y - 0.72), (x0 + 0.2, y + 0.15 + inner / 2), "darkgoldenrod")
@@ -262,8 +267,8 @@ def draw_kv_injection(dc):
             _arrow(ax, (x0 + width / 2, drafter_y[d - 1] + height), (x0 + width / 2, y))
     _arrow(ax, (x0 + width / 2, 0.45), (x0 + width / 2, drafter_y[0]))
     top = drafter_y[-1] + height
-    _box(ax, x0, top + 0.15, width, 0.45, f"norm → target's LM head → {dc.block_size - 1} guesses", "lightblue",
-         fontsize=9)
+    _box(ax, x0, top + 0.15, f"norm → target's LM head → {dc.block_size - 1} guesses", "lightblue",
+         size=(width, 0.45), fontsize=9)
     _arrow(ax, (x0 + width / 2, top), (x0 + width / 2, top + 0.15))
     ax.text(x0 + width / 2, top + 0.95, "drafter\n(run over the block only)", ha="center", fontsize=10, weight="bold")
     ax.text(4.8, fuse_y - 2.0, "the same context,\ninjected into every layer\nas keys and values", ha="center",
@@ -908,7 +913,7 @@ COMMITTED, WRITTEN, EMPTY = "#5cb85c", "#d9d9d9", "white"  # a cache slot: count
 FEATURE_COLOUR, DRAFT_COLOUR, TARGET_COLOUR = "tab:orange", "#f5deb3", "#cfe2f3"
 
 
-def _cache(ax, x, y, name, committed, written, labels=()):
+def _cache(ax, x, y, name, committed, written, *, labels=()):
     """A KV cache of SLOTS slots: `committed` slots counted (its `length`), then `written` slots that a pass
     wrote but nobody committed (the next pass overwrites them)."""
     colours = [COMMITTED] * committed + [WRITTEN] * written + [EMPTY] * (SLOTS - committed - written)
@@ -948,10 +953,10 @@ def draw_dflash_step(path: Path | str | None = None):
 
     # 1 · prefill: the prompt through the target; its features at every prompt position go to the drafter.
     _cells(ax, 0, 4.5, p, [TARGET_COLOUR] * PROMPT)
-    _box(ax, 0, 3.6, 2.3, 0.5, "target (Qwen3)", TARGET_COLOUR, weight="bold")
+    _box(ax, 0, 3.6, "target (Qwen3)", TARGET_COLOUR, weight="bold")
     _cells(ax, 0, 2.85, ["t"], ["white"])
     ax.text(0.45, 2.93, "first new token", fontsize=7)
-    _cache(ax, 0, 0.9, "target KV cache", PROMPT, 0, p)
+    _cache(ax, 0, 0.9, "target KV cache", PROMPT, 0, labels=p)
     _cache(ax, 0, -0.3, "drafter KV cache", 0, 0)
     ax.text(0, 2.45, "features: hidden states after the\ntarget's chosen layers, 6 positions", fontsize=7,
             color=FEATURE_COLOUR, va="top")
@@ -959,20 +964,20 @@ def draw_dflash_step(path: Path | str | None = None):
     # 2 · draft: the drafter reads the new context (6 feature rows) and the block of mask tokens.
     _cells(ax, 3, 4.5, ["t", "M", "M", "M", "M"], [DRAFT_COLOUR] * BLOCK)
     _cells(ax, 4.9, 4.5, ["f"] * 2 + ["…"], [FEATURE_COLOUR] * 2 + ["white"], width=0.3)
-    _box(ax, 3, 3.6, 2.3, 0.5, "drafter (a few layers)", DRAFT_COLOUR, weight="bold")
+    _box(ax, 3, 3.6, "drafter (a few layers)", DRAFT_COLOUR, weight="bold")
     _cells(ax, 3.36, 2.85, d, [DRAFT_COLOUR] * (BLOCK - 1))
-    _cache(ax, 3, 0.9, "target KV cache", PROMPT, 0, p)
+    _cache(ax, 3, 0.9, "target KV cache", PROMPT, 0, labels=p)
     scratch = ["f"] * PROMPT + ["t", "M", "M", "M", "M"]  # the context, kept; the block's slots, scratch
-    _cache(ax, 3, -0.3, "drafter KV cache", PROMPT, BLOCK, scratch)
+    _cache(ax, 3, -0.3, "drafter KV cache", PROMPT, BLOCK, labels=scratch)
     _arrow(ax, (1.8, 2.45), (5.0, 4.4), FEATURE_COLOUR, rad=0.25)
 
     # 3 · verify: the target reads [t, d1..d4] after the committed prompt; nothing is committed yet.
     _cells(ax, 6, 4.5, ["t", *d], [TARGET_COLOUR] * BLOCK)
-    _box(ax, 6, 3.6, 2.3, 0.5, "target (Qwen3)", TARGET_COLOUR, weight="bold")
+    _box(ax, 6, 3.6, "target (Qwen3)", TARGET_COLOUR, weight="bold")
     _cells(ax, 6, 2.85, y, ["white"] * BLOCK)
     ax.text(6, 2.45, "+ features at the 5 slots", fontsize=7, color=FEATURE_COLOUR, va="top")
-    _cache(ax, 6, 0.9, "target KV cache", PROMPT, BLOCK, p + ["t", *d])
-    _cache(ax, 6, -0.3, "drafter KV cache", PROMPT, BLOCK, scratch)
+    _cache(ax, 6, 0.9, "target KV cache", PROMPT, BLOCK, labels=p + ["t", *d])
+    _cache(ax, 6, -0.3, "drafter KV cache", PROMPT, BLOCK, labels=scratch)
 
     # 4 · accept: compare each draft with the target's token before it.
     verdicts = ["✓", "✓", "✗", "–"]
@@ -983,12 +988,12 @@ def draw_dflash_step(path: Path | str | None = None):
     ax.text(9.0, 3.3, f"accepted = {KEPT}: the output gains\n"
             f"{', '.join(d[:KEPT])}, then y{KEPT} (the target's token)\n= {KEPT + 1} tokens for one target pass;\n"
             "d4 is dropped: it followed a miss", fontsize=7.5, va="top")
-    _cache(ax, 9, 0.9, "target KV cache", PROMPT, BLOCK, p + ["t", *d])
-    _cache(ax, 9, -0.3, "drafter KV cache", PROMPT, BLOCK, scratch)
+    _cache(ax, 9, 0.9, "target KV cache", PROMPT, BLOCK, labels=p + ["t", *d])
+    _cache(ax, 9, -0.3, "drafter KV cache", PROMPT, BLOCK, labels=scratch)
 
     # 5 · commit: the target's cache counts t and the kept drafts; the next block opens with y2.
-    _cache(ax, 12, 0.9, "target KV cache", PROMPT + KEPT + 1, BLOCK - KEPT - 1, p + kept + d[KEPT:])
-    _cache(ax, 12, -0.3, "drafter KV cache", PROMPT, BLOCK, scratch)
+    _cache(ax, 12, 0.9, "target KV cache", PROMPT + KEPT + 1, BLOCK - KEPT - 1, labels=p + kept + d[KEPT:])
+    _cache(ax, 12, -0.3, "drafter KV cache", PROMPT, BLOCK, labels=scratch)
     ax.text(12, 4.6, f"next step: the block opens with\ny{KEPT} at position {PROMPT + KEPT + 1}; its draft first\n"
             f"takes in the features of the {KEPT + 1}\ncommitted positions (t, {', '.join(d[:KEPT])}):\n"
             f"drafter KV cache {PROMPT} → {PROMPT + KEPT + 1}", fontsize=7.5, va="top")
