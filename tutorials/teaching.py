@@ -218,6 +218,27 @@ def draw_roofline_by_tokens(ks: list[int], pass_ms: list[float], *, ridge: float
     plt.show()
 
 
+def draw_pass_regimes(tokens: list[int], measured: dict[str, list[float]], fits: dict[str, tuple[float, float]],
+                      gpu: tuple[str, list[float]]):
+    """A verify pass's cost in decode passes against its tokens: measured points and the fitted line of each CPU
+    mode (`measured`: mode -> cost per token count; `fits`: mode -> (overhead, per token) over the decode's cost),
+    and the roofline model's curve for a GPU (`gpu`: name, costs)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for (mode, costs), colour in zip(measured.items(), ("tab:blue", "tab:orange")):
+        overhead, per_token = fits[mode]
+        ax.plot(tokens, costs, "o", color=colour, label=f"{mode}, measured")
+        ax.plot([1, tokens[-1]], [overhead + per_token, overhead + per_token * tokens[-1]], "--", color=colour,
+                label=f"{mode}: {overhead:.2f} + {per_token:.3f} n")
+    ax.plot(tokens, gpu[1], "s-", color="tab:green", label=f"{gpu[0]} roofline, Qwen3-8B")
+    ax.axhline(1, color="grey", lw=0.8)
+    ax.set(xlabel="tokens in one verify pass (n)", ylabel="cost, in decode passes",
+           title="What checking n tokens costs: overhead-, compute- and memory-bound passes")
+    ax.legend(fontsize=8)
+    plt.tight_layout()
+    plt.show()
+
+
 # ------------------------------------------------------------------ notebook 3: KV injection, attention maps
 
 
