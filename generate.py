@@ -19,7 +19,6 @@ import functools
 import json
 import sys
 import time
-import types
 from pathlib import Path
 from typing import Sequence
 
@@ -27,6 +26,7 @@ import torch
 
 from dflash.cli import (OneLineErrors, UsageError, add_device_options, checked, int_list, pick_device,
                         pick_dtype, positive_int, run_cli)
+from dflash.compiled import compiled_copy, keys_bucket
 from dflash.drafter import Drafter, cached_block_mask
 from dflash.flex_reads import filled_blocks
 from dflash.prompts import Prompt, add_prompt_options, check_no_mask_token, check_request, encode_for_generation
@@ -85,25 +85,6 @@ def draft_pass(target: Qwen3, drafter: Drafter, cache: KVCache, context_features
 PASSES = {"decode": decode_pass, "verify": verify_pass, "draft": draft_pass}
 
 
-@functools.cache
-def compiled_pass(name: str, shape: tuple, keys: int, backend, mode: str | None):
-    """`PASSES[name]` compiled once per process, runner shape and number of cache slots read. Dynamo allows one
-    function 8 graphs, fewer than a benchmark of many shapes needs, so each shape compiles its own copy of the code."""
-    function = PASSES[name]
-    copy = types.FunctionType(function.__code__.replace(), function.__globals__, name, function.__defaults__,
-                              function.__closure__)
-    copy.__kwdefaults__ = function.__kwdefaults__
-    return torch.compile(copy, backend=backend, mode=mode, fullgraph=True, dynamic=False)
-
-
-def keys_bucket(needed: int, max_length: int) -> int:
-    """How many cache slots a compiled pass reads when `needed` hold the sequence: the next power of two from 64,
-    at most the whole buffer. Every token of a block scores every key read, so reading the buffer's empty tail
-    costs a 16-token verify far more than a decode; powers of two read at most twice the keys needed and keep
-    the compiled copies of a pass few (one per bucket: log2(max_length / 64) + 1)."""
-    return min(max_length, max(64, 1 << (needed - 1).bit_length()))
-
-
 # ---------------------------------------------------------------- the model runner
 
 
@@ -160,7 +141,7 @@ class ModelRunner:
         committed slots and the widest chunk. The slot count is a shape, so each bucket has its own copy."""
         cache = self.drafter_cache if name == "draft" else self.target_cache
         cache.read_limit = keys_bucket(cache.length + self.widest_chunk, cache.max_length)
-        return compiled_pass(name, self.shape, cache.read_limit, *self.compile_options)(*args, **options)
+        return compiled_copy(PASSES[name], self.shape, cache.read_limit, *self.compile_options)(*args, **options)
 
     def caches(self) -> list[KVCache]:
         return [cache for cache in (self.target_cache, self.drafter_cache) if cache is not None]
@@ -509,9 +490,8 @@ def run(args) -> int:
     elif drafter is not None:
         loops["DFlash"] = functools.partial(generate_dflash, target, drafter, prompt_ids,
                                             draft_policy=args.draft_policy, **common)
-    # A run of each loop first, outside the measured time: the first call pays one-time costs (allocations, kernel
-    # choice; compiling, recording graphs). Compiled, it runs to the limit without stopping, so that every bucket of
-    # cache slots the measured run may read (`keys_bucket`) is compiled; eager, a short run does.
+    # A run of each loop first, unmeasured, pays one-time costs (allocations, kernel choice; compiling, recording
+    # graphs): compiled, to the limit without stopping, so that every `keys_bucket` the measured run reads is compiled.
     warm_tokens = args.max_new_tokens if compile else min(args.max_new_tokens, 2 * block_size + 2)
     began = time.perf_counter()
     for loop in loops.values():
@@ -523,27 +503,17 @@ def run(args) -> int:
         results[name] = loop(args.max_new_tokens, generator=torch.Generator(device).manual_seed(args.seed),
                              on_token=None if args.json else Printer(tokenizer, sys.stdout.isatty()))
         print("" if args.json else "\n", end="")
-    final, slow = list(results.values())[-1], results.get("baseline")
-    speedup = final.tokens_per_second / max(slow.tokens_per_second, 1e-9) if args.compare else None
+    final, slow = list(results.values())[-1], results.get("baseline") if args.compare else None
     if args.json:
-        text = tokenizer.decode(final.new_ids, skip_special_tokens=True) if tokenizer is not None else ""
-        report = dict(output_ids=final.new_ids, text=text, acceptance_lengths=final.acceptance_lengths,
-                      mean_acceptance=final.mean_acceptance, tokens_per_second=final.tokens_per_second,
-                      new_tokens=final.new_tokens, steps=final.steps)
-        if args.compare:
-            report.update(baseline_output_ids=slow.new_ids, baseline_tokens_per_second=slow.tokens_per_second,
-                          speedup=speedup)
-        print(json.dumps(report))
+        print(json.dumps(final.report(tokenizer.decode(final.new_ids, skip_special_tokens=True) if tokenizer else "",
+                                      slow)))
         return 0
     print(f"[device {device}, {str(dtype).removeprefix('torch.')}, batch 1, compile {'on' if compile else 'off'}, "
           f"{sampling}, warm-up {warm_up:.1f} s]", file=sys.stderr)
     for name, result in results.items():
-        print(f"{name}: {result.new_tokens} new tokens in {result.seconds:.2f} s, {result.tokens_per_second:.1f} "
-              "tokens/s" + ("" if name == "baseline" else f", {result.steps} steps, tau {result.mean_acceptance:.2f}"
-                            f"{result.past_the_end_note()}, acceptance histogram (1..{block_size}) "
-                            f"{result.histogram(block_size)}"), file=sys.stderr)
-    if args.compare:
-        print(f"speedup: {speedup:.2f}x", file=sys.stderr)
+        print(result.summary(name, block_size), file=sys.stderr)
+    if slow is not None:
+        print(f"speedup: {final.report('', slow)['speedup']:.2f}x", file=sys.stderr)
     return 0
 
 

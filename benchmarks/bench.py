@@ -88,7 +88,7 @@ def benchmark(loops: Loops, prompts: Sequence[BenchPrompt], block_sizes: Sequenc
 def warm_up(loops: Loops, row: Row, sampling: Sampling, prompts: Sequence[BenchPrompt]) -> float:
     """Unmeasured calls that pay for allocations, kernel selection, compiling and recording CUDA graphs: the shortest
     and the longest prompt to the limit, never stopping, so that every bucket of cache slots a measured call reads
-    (`generate.keys_bucket`) is compiled before the clock runs. Returns their seconds (compiling included)."""
+    (`dflash.compiled.keys_bucket`) is compiled before the clock runs. Returns their seconds (compiling included)."""
     began = time.perf_counter()
     by_length = sorted(prompts, key=lambda p: len(p.ids))
     for prompt in by_length[:1] + by_length[-1:]:

@@ -42,6 +42,23 @@ class Generation:
     def histogram(self, block_size: int) -> list[int]:
         return acceptance_histogram(self.acceptance_lengths, block_size)
 
+    def summary(self, name: str, block_size: int) -> str:
+        """The CLI's line for one loop: tokens and speed; for a speculative loop, its steps, tau and histogram."""
+        line = f"{name}: {self.new_tokens} new tokens in {self.seconds:.2f} s, {self.tokens_per_second:.1f} tokens/s"
+        return line if name == "baseline" else (f"{line}, {self.steps} steps, tau {self.mean_acceptance:.2f}"
+                                                f"{self.past_the_end_note()}, acceptance histogram (1..{block_size}) "
+                                                f"{self.histogram(block_size)}")
+
+    def report(self, text: str, baseline: Generation | None = None) -> dict:
+        """The CLI's --json object: the output, its acceptance and speed, and the plain loop's beside it if run."""
+        report = dict(output_ids=self.new_ids, text=text, acceptance_lengths=self.acceptance_lengths,
+                      mean_acceptance=self.mean_acceptance, tokens_per_second=self.tokens_per_second,
+                      new_tokens=self.new_tokens, steps=self.steps)
+        if baseline is not None:
+            report.update(baseline_output_ids=baseline.new_ids, baseline_tokens_per_second=baseline.tokens_per_second,
+                          speedup=self.tokens_per_second / max(baseline.tokens_per_second, 1e-9))
+        return report
+
     def past_the_end_note(self) -> str:
         """A note for tau when the last step accepted more than the output kept (it ran into the token limit or a
         stop token): tau counts that step whole, as the step happened, so it is above tokens per step."""

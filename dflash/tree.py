@@ -94,13 +94,10 @@ def ancestor_mask(parents: list[int]) -> list[list[bool]]:
 
 
 def ancestor_mask_by_solve(parents: torch.Tensor) -> torch.Tensor:
-    """`ancestor_mask` as tensor ops where the verify pass runs: parents (n,), -1 for the root and padding, give
-    mask (n, n), with no host round trip and a fixed number of ops. The list version's rule, a node's row is its
-    parent's row with itself added, reads M = I + A M, where A[i, j] = 1 when j is i's parent: (I - A) M = I.
-    Parents come first, so I - A is lower triangular with a unit diagonal, and one forward substitution (a
-    triangular solve) finds every row. An entry counts the paths from node i up to node j: 0 or 1, exact. The solve
-    is O(n^3) work in 7 ops: up to 64 nodes a CPU runs it as fast as pointer doubling (a row takes in the row of
-    its ancestor 2^k up, log2(depth) rounds of 3 ops) or faster; at a few hundred nodes doubling wins."""
+    """`ancestor_mask` where the verify pass runs: parents (n,), -1 for the root and padding -> mask (n, n), no host
+    round trip. Its rule, a row is the parent's row plus itself, reads M = I + A M (A[i, j] = 1: j is i's parent),
+    so (I - A) M = I; parents come first, so one triangular solve finds every row, each entry a path count, 0 or 1.
+    O(n^3) work in 7 ops: up to 64 nodes no slower than pointer doubling; at a few hundred nodes doubling wins."""
     nodes = torch.arange(parents.shape[0], device=parents.device)  # (n,)
     eye = torch.eye(parents.shape[0], dtype=torch.float32, device=parents.device)  # (n, n)
     parent_of = (parents[:, None] == nodes).float()  # (n, n): A; a row of -1 (root, padding) matches no node
