@@ -4,9 +4,10 @@ The other compile tests trace the passes with a counting backend, which runs the
 graph as eager PyTorch: they prove one graph per shape, not that the code a GPU user runs
 computes the right thing. Here inductor lowers, fuses and compiles every pass with the
 settings the GPU path uses (static shapes, `dynamic=False`, as `ModelRunner(compile=True)`
-asks), into C++ kernels where a GPU gets Triton ones, and each is compared with the eager pass: greedy tokens identical, logits and features within float
-tolerance. One runner per shape serves every test of the module, so each pass compiles
-once per bucket of cache slots read (`keys_bucket`) in the whole run.
+asks), into C++ kernels where a GPU gets Triton ones, and each is compared with the eager
+pass: greedy tokens identical, logits and features within float tolerance. One runner per
+shape serves every test of the module, so each pass compiles once per bucket of cache slots
+read (`keys_bucket`) in the whole run.
 """
 
 from pathlib import Path
