@@ -513,7 +513,7 @@ def run(args) -> int:
     for name, result in results.items():
         print(result.summary(name, block_size), file=sys.stderr)
     if slow is not None:
-        print(f"speedup: {final.report('', slow)['speedup']:.2f}x", file=sys.stderr)
+        print(f"speedup: {final.speedup_over(slow):.2f}x", file=sys.stderr)
     return 0
 
 

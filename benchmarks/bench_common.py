@@ -1,4 +1,4 @@
-"""What the benchmarks share: the process's peak memory, text tables, reply checks.
+"""What the benchmarks share: the process's peak memory, text tables, reply checks, a timer for short calls.
 
 bench.py, bench_load.py and bench_train.py each measure peak memory, and bench.py and
 bench_train.py print their results as tables. Replies are checked for repetition and
@@ -8,8 +8,9 @@ their final number by bench.py, the target's evaluation (recipes/) and the demo 
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -43,3 +44,24 @@ def print_table(title: str, columns: Sequence[tuple[str, str]], lines: list[Sequ
                                                    for line in lines]
     widths = [max(map(len, column)) for column in zip(*cells)]
     print(f"\n{title}\n" + "\n".join("  " + " ".join(c.rjust(w) for c, w in zip(line, widths)) for line in cells))
+
+
+def least_time(loops: dict[str, dict[str, Callable[[], object]]], rounds: int, calls: int) -> dict[str, float]:
+    """Seconds per call of each job: the least over `rounds` of the mean of `calls` calls (a shared machine's noise
+    only ever adds time). The jobs of one loop take turns call by call, as a decoding loop's passes do: a pass
+    repeated on its own finds what it reads still in the CPU's caches and runs up to a third faster than between
+    the others (measured on the demo pair). The loops take turns within a round, so a busy spell hits them alike."""
+    jobs = {name: job for loop in loops.values() for name, job in loop.items()}
+    best = dict.fromkeys(jobs, float("inf"))
+    for job in jobs.values():
+        job()  # compiles, allocates
+    for _ in range(rounds):
+        for loop in loops.values():
+            spent = dict.fromkeys(loop, 0.0)
+            for _ in range(calls):
+                for name, job in loop.items():
+                    began = time.perf_counter()
+                    job()
+                    spent[name] += time.perf_counter() - began
+            best |= {name: min(best[name], spent[name] / calls) for name in loop}
+    return best

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -27,31 +26,10 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 import generate  # noqa: E402
+from bench_common import least_time  # noqa: E402
 from dflash.cli import OneLineErrors, check_output, checked, positive_int, run_cli  # noqa: E402
 from dflash.drafter import Drafter  # noqa: E402
 from dflash.qwen3 import Qwen3  # noqa: E402
-
-
-def fastest(loops: dict[str, dict[str, Callable[[], object]]], rounds: int, repeats: int) -> dict[str, float]:
-    """Seconds per call of each pass: the minimum over `rounds` of the mean of `repeats` calls. Each loop's passes
-    take turns call by call, as in the loop (a plain loop's decodes back to back; a block's draft and verify one
-    after the other): a pass repeated on its own finds the weights it reads still in the CPU's caches and runs up to
-    a third faster than between the other's (measured on the demo pair). The loops take turns within a round, so a
-    busy spell of the machine slows all of them, not one."""
-    calls = {name: call for passes in loops.values() for name, call in passes.items()}
-    best = dict.fromkeys(calls, float("inf"))
-    for call in calls.values():
-        call()  # compiles, allocates
-    for _ in range(rounds):
-        for passes in loops.values():
-            spent = dict.fromkeys(passes, 0.0)
-            for _ in range(repeats):
-                for name, call in passes.items():
-                    began = time.perf_counter()
-                    call()
-                    spent[name] += time.perf_counter() - began
-            best |= {name: min(best[name], spent[name] / repeats) for name in passes}
-    return best
 
 
 def runner_at(target: Qwen3, drafter: Drafter, tokens: int, context: int, compiled: bool) -> generate.ModelRunner:
@@ -99,7 +77,7 @@ def measure(args) -> dict:
             runner = runner_at(target, drafter, tokens, args.context, compiled)
             loops[f"{label} block {tokens}"] = pass_calls(runner, tokens, args.context, label)
         print(f"[pass costs] {label} runners ready", file=sys.stderr)
-    seconds = fastest(loops, args.rounds, args.repeats)
+    seconds = least_time(loops, args.rounds, args.repeats)
     report = {"conditions": {"model": str(args.model), "draft": str(args.draft), "context": args.context,
                              "threads": torch.get_num_threads(), "torch": torch.__version__,
                              "rounds": args.rounds, "repeats": args.repeats}, "modes": {}}

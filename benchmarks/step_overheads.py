@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 from typing import Callable, Sequence
 from unittest import mock
@@ -29,7 +28,7 @@ import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import dflash.sampling  # noqa: E402
-from bench_common import print_table  # noqa: E402
+from bench_common import least_time, print_table  # noqa: E402
 from dflash.cli import OneLineErrors, checked, run_cli  # noqa: E402
 from dflash.sampling import Sampling, sample  # noqa: E402
 from dflash.tree import DraftTree, ancestor_mask, build_tree, verify_inputs, walk  # noqa: E402
@@ -65,17 +64,9 @@ def drafted_tree(budget: int, seed: int) -> DraftTree:
     return build_tree(0, logprobs.tolist(), candidates.tolist(), budget)
 
 
-def least_time(jobs: dict[str, Callable[[], object]], rounds: int, calls: int) -> dict[str, float]:
-    """Each job's least time per call in seconds, over `rounds` rounds of `calls` calls, the jobs interleaved
-    within each round so that a busy spell on the shared machine hits them alike."""
-    best = dict.fromkeys(jobs, float("inf"))
-    for _ in range(rounds):
-        for name, job in jobs.items():
-            began = time.perf_counter()
-            for _ in range(calls):
-                job()
-            best[name] = min(best[name], (time.perf_counter() - began) / calls)
-    return best
+def each_alone(jobs: dict[str, Callable[[], object]]) -> dict[str, dict[str, Callable[[], object]]]:
+    """Jobs for `least_time`, each called back to back on its own (they are alternatives, not a loop's passes)."""
+    return {name: {name: job} for name, job in jobs.items()}
 
 
 class DeviceOps(TorchDispatchMode):
@@ -109,7 +100,7 @@ def tree_rows(budgets: Sequence[int], rounds: int) -> list[list]:
     for budget in budgets:
         tree = drafted_tree(budget, seed=budget)
         jobs = {"before": lambda: host_built_inputs(tree, budget), "after": lambda: verify_inputs(tree, budget)}
-        best = least_time(jobs, rounds, calls=20)
+        best = least_time(each_alone(jobs), rounds, calls=20)
         before = counted(lambda: host_built_inputs(tree, budget))
         after = counted(lambda: verify_inputs(tree, budget, "meta"))
         lines.append([budget, 1e6 * best["before"], 1e6 * best["after"], best["before"] / best["after"],
@@ -129,7 +120,7 @@ def host_rows(budgets: Sequence[int], rounds: int) -> list[list]:
         jobs = {"read": lambda: (logprobs.tolist(), candidates.tolist()),
                 "build": lambda: build_tree(0, logprobs.tolist(), candidates.tolist(), budget),
                 "inputs": lambda: verify_inputs(tree, budget), "walk": lambda: walk(tree, target_tokens)}
-        best = least_time(jobs, rounds, calls=20)
+        best = least_time(each_alone(jobs), rounds, calls=20)
         lines.append([budget, *(1e6 * best[name] for name in ("read", "build", "inputs", "walk"))])
     return lines
 
@@ -140,14 +131,16 @@ def sampling_rows(vocab: int, rounds: int) -> list[list]:
     for rows in (BLOCK - 1, BLOCK):
         logits = torch.randn(rows, vocab, generator=generator) * 3  # (rows, vocab): a long tail...
         logits[:, :5] += 12  # ...under a few likely tokens
-        best = least_time({"before": lambda: float64_softmax(logits, 0.6),
-                           "after": lambda: dflash.sampling.tempered_softmax(logits, 0.6)}, rounds, calls=1)
+        softmaxes = {"before": lambda: float64_softmax(logits, 0.6),
+                     "after": lambda: dflash.sampling.tempered_softmax(logits, 0.6)}
+        best = least_time(each_alone(softmaxes), rounds, calls=1)
         lines.append([rows, "softmax alone", 1e3 * best["before"], 1e3 * best["after"], best["before"] / best["after"]])
         for policy in POLICIES:
             def before():
                 with mock.patch.object(dflash.sampling, "tempered_softmax", float64_softmax):
                     return sample(logits, policy, generator)
-            best = least_time({"before": before, "after": lambda: sample(logits, policy, generator)}, rounds, calls=1)
+            samplers = {"before": before, "after": lambda: sample(logits, policy, generator)}
+            best = least_time(each_alone(samplers), rounds, calls=1)
             lines.append([rows, str(policy), 1e3 * best["before"], 1e3 * best["after"], best["before"] / best["after"]])
     return lines
 

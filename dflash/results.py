@@ -56,8 +56,11 @@ class Generation:
                       new_tokens=self.new_tokens, steps=self.steps)
         if baseline is not None:
             report.update(baseline_output_ids=baseline.new_ids, baseline_tokens_per_second=baseline.tokens_per_second,
-                          speedup=self.tokens_per_second / max(baseline.tokens_per_second, 1e-9))
+                          speedup=self.speedup_over(baseline))
         return report
+
+    def speedup_over(self, baseline: Generation) -> float:
+        return self.tokens_per_second / max(baseline.tokens_per_second, 1e-9)
 
     def past_the_end_note(self) -> str:
         """A note for tau when the last step accepted more than the output kept (it ran into the token limit or a
