@@ -195,7 +195,7 @@ class KVCache:
     the caller commits what it keeps (`extend`) or cuts the rejected tail (`trim`): the next
     chunk overwrites it before anything reads it. A compiled pass needs one shape, so with
     `fixed_shape` it reads the first `read_limit` slots (the whole buffer unless a runner narrows it to
-    a bucket, `keys_bucket`) and the position mask hides every slot past the query.
+    a bucket, `dflash.compiled.keys_bucket`) and the position mask hides every slot past the query.
     """
 
     def __init__(self, num_layers: int, batch: int, num_kv_heads: int, max_length: int, head_dim: int, *,
