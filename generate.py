@@ -128,7 +128,6 @@ class ModelRunner:
         self.compiled, self.clock, self.passes = compile, None, dict(PASSES)
         if compile:
             for cache in self.caches():
-                cache.fixed_shape = True
                 for buffer in cache.keys + cache.values:  # they never move: CUDA graphs may write into them
                     torch._dynamo.mark_static_address(buffer)
             self.shape = (block, tree_budget, self.tree_top_k, max_length)  # what the passes' shapes follow
@@ -138,10 +137,15 @@ class ModelRunner:
 
     def run_compiled(self, name: str, *args, **options):
         """`name`'s pass, compiled for the slots its cache reads: the bucket (`keys_bucket`) that holds the
-        committed slots and the widest chunk. The slot count is a shape, so each bucket has its own copy."""
+        committed slots and the widest chunk. The slot count is a shape, so each bucket has its own copy.
+        The cache reads the bucket during this pass only: an eager pass after it reads what it needs."""
         cache = self.drafter_cache if name == "draft" else self.target_cache
         cache.read_limit = keys_bucket(cache.length + self.widest_chunk, cache.max_length)
-        return compiled_copy(PASSES[name], self.shape, cache.read_limit, *self.compile_options)(*args, **options)
+        cache.fixed_shape = True
+        try:
+            return compiled_copy(PASSES[name], self.shape, cache.read_limit, *self.compile_options)(*args, **options)
+        finally:
+            cache.fixed_shape = False
 
     def caches(self) -> list[KVCache]:
         return [cache for cache in (self.target_cache, self.drafter_cache) if cache is not None]

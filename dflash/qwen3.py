@@ -196,6 +196,7 @@ class KVCache:
     chunk overwrites it before anything reads it. A compiled pass needs one shape, so with
     `fixed_shape` it reads the first `read_limit` slots (the whole buffer unless a runner narrows it to
     a bucket, `dflash.compiled.keys_bucket`) and the position mask hides every slot past the query.
+    A runner sets both for the length of one compiled pass: an eager pass reads what it needs.
     """
 
     def __init__(self, num_layers: int, batch: int, num_kv_heads: int, max_length: int, head_dim: int, *,
@@ -206,7 +207,7 @@ class KVCache:
         self.max_length = max_length
         self.length = 0
         self.fixed_shape = False
-        self.read_limit = max_length  # what a fixed-shape pass reads; the runner sets it per bucket
+        self.read_limit = max_length  # what a fixed-shape pass reads; a runner sets it per bucket
 
     @classmethod
     def for_layers(cls, config: Qwen3Config, like: torch.Tensor, max_length: int, batch: int = 1) -> "KVCache":

@@ -8,10 +8,11 @@ import torch
 
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
-from generate import ModelRunner, generate_autoregressive, generate_dflash
+from generate import ModelRunner, generate_autoregressive, generate_dflash, generate_dflash_tree
 from tests.test_generate import oracle, prompt_of
 
 FIXTURES = Path(__file__).parent / "fixtures"
+WEIGHTS = Path(__file__).resolve().parents[1] / "weights"
 torch.set_num_threads(1)
 
 
@@ -93,3 +94,44 @@ def test_runners_share_compiled_passes_and_many_shapes_stay_under_the_recompile_
         torch._dynamo.config.recompile_limit = limit
     assert counts[2:] == [counts[1]] * 2  # the third and fourth runners compile nothing
     assert counts[0] == 5  # decode and verify, greedy and sampled; draft (always greedy)
+
+
+# Prompt lengths in an order that crosses the buckets of cache slots (64, 128, 256, 512) both ways: a short
+# prompt leaves a small bucket behind, the next long one must not read it; a long one leaves a large one.
+SHUFFLED_LENGTHS = (5, 150, 9, 70, 3, 230, 40)
+
+
+@pytest.fixture(scope="module")
+def demo_pair():
+    target = Qwen3.from_pretrained(WEIGHTS / "tiny-qwen3")
+    return target, Drafter.from_pretrained(WEIGHTS / "tiny-qwen3-dflash", target=target)
+
+
+@pytest.mark.parametrize("kind", ["chain", "tree", "sampled"])
+def test_a_compiled_runner_reused_across_prompts_reads_what_each_prompt_needs(demo_pair, kind):
+    """One compiled runner (the eager backend: the same shapes and bucketed reads, no build time) serves
+    prompts of shuffled lengths; every output equals what a fresh eager runner gives for that prompt.
+
+    The eager passes between compiled ones (the prefill, the first draft) once read the slot count the
+    last compiled pass left: a 150-token prompt after a 5-token one attended to its first 64 keys only.
+    """
+    target, drafter = demo_pair
+    new, budget = 24, 6 if kind == "tree" else 0
+    runner = ModelRunner(target, drafter, max_length=max(SHUFFLED_LENGTHS) + new + 16, tree_budget=budget,
+                         compile=True, backend="eager")
+    for length in SHUFFLED_LENGTHS:
+        prompt = prompt_of(length, target.config.vocab_size)
+        if kind == "chain":
+            plain = generate_autoregressive(target, prompt, new).new_ids
+            assert generate_autoregressive(target, prompt, new, runner=runner).new_ids == plain, length
+            assert generate_dflash(target, drafter, prompt, new, runner=runner).new_ids == plain, length
+        elif kind == "tree":
+            plain = generate_autoregressive(target, prompt, new).new_ids
+            reused = generate_dflash_tree(target, drafter, prompt, new, budget=budget, runner=runner)
+            assert reused.new_ids == plain, length
+        else:  # sampled drafts, same seed: the same draws as a fresh eager runner
+            runs = [generate_dflash(target, drafter, prompt, new, temperature=0.8, draft_policy="sampled",
+                                    generator=torch.Generator().manual_seed(length), runner=each)
+                    for each in (runner, None)]
+            assert runs[0].new_ids == runs[1].new_ids, length
+            assert runs[0].acceptance_lengths == runs[1].acceptance_lengths, length

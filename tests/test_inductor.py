@@ -114,6 +114,25 @@ def test_greedy_tree_compiled_equals_the_plain_loop(pair, runners):
         assert compiled.acceptance_lengths == eager.acceptance_lengths
 
 
+def test_runners_reused_across_prompts_of_shuffled_lengths_equal_the_plain_loop(pair, runners):
+    """Long, short, long, short: each prompt's eager prefill and first draft read what that prompt needs,
+    not the bucket of cache slots the last compiled pass read (64 or the whole buffer, 80). In this
+    module's 80 slots no prefill outgrows the first bucket; tests/test_compile.py's reuse test crosses
+    buckets up to 256 (with the eager backend) and fails where the reads follow the last pass."""
+    target, drafter = pair
+    for length in (40, 5, 60, 9):
+        prompt, new = prompt_of(length, target.config.vocab_size), min(NEW, MAX_LENGTH - 16 - length)
+        plain = generate_autoregressive(target, prompt, new).new_ids
+        chain = generate_dflash(target, drafter, prompt, new, runner=runners["chain"])
+        tree = generate_dflash_tree(target, drafter, prompt, new, budget=6, runner=runners["tree"])
+        assert chain.new_ids == tree.new_ids == plain, length
+        # A draft that read too few keys is still corrected by the target: its acceptance shows it.
+        eager = generate_dflash(target, drafter, prompt, new)
+        assert chain.acceptance_lengths == eager.acceptance_lengths, length
+        eager = generate_dflash_tree(target, drafter, prompt, new, budget=6)
+        assert tree.acceptance_lengths == eager.acceptance_lengths, length
+
+
 @pytest.mark.parametrize("seq, keys", [(1, 80), (8, 80), (8, 300)])
 def test_flex_reads_compiled_by_inductor_equal_masked_attention(seq, keys):
     """FlexAttention's block-sparse reads (`filled_blocks`), lowered by inductor's CPU template, against SDPA.
