@@ -14,7 +14,6 @@ command line. The record a call returns, `Generation`, is in `dflash/results.py`
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import json
 import sys
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+from torch.nn.attention.bias import causal_lower_right
 
 from dflash.cli import (OneLineErrors, UsageError, add_device_options, checked, int_list, pick_device,
                         pick_dtype, positive_int, run_cli)
@@ -32,8 +32,8 @@ from dflash.flex_reads import filled_blocks
 from dflash.prompts import Prompt, add_prompt_options, check_no_mask_token, check_request, encode_for_generation
 from dflash.qwen3 import KVCache, Qwen3, argmax, causal_mask, masked, tree_mask_over_cache
 from dflash.results import Generation, OnToken, synchronize
-from dflash.sampling import (Sampling, add_sampling_options, as_sampling, draw, keep_only, sample, sampled_slots,
-                             sampling_of, verdicts)
+from dflash.sampling import (Sampling, add_sampling_options, draw, keep_only, sample, sampled_slots, sampling_of,
+                             verdicts)
 from dflash.tokenizer import Printer, find_tokenizer, stop_token_ids
 from dflash.tree import DraftTree, build_tree, path_slots, verify_inputs, walk
 
@@ -43,46 +43,54 @@ WEIGHTS = Path(__file__).parent / "weights"
 # ---------------------------------------------------------------- the passes
 
 # The passes after the prefill, as plain functions of the models, a cache and tensors, of shapes that do not
-# depend on where in the sequence they run. Each writes its chunk right after the cache's committed length and
-# commits nothing. `reads` builds the attention from the position mask: `masked`, or `filled_blocks` to visit
-# only a long cache's filled key blocks. Greedy, a pass returns token ids; sampling, the logits.
+# depend on where in the sequence they run. Each writes its chunk right after the cache's committed
+# length, commits nothing and returns logits: the runner chooses the tokens. Eagerly a pass reads the
+# committed keys and its chunk, under the cheapest mask that says so (none, or a causal bias). Compiled
+# (`cache.fixed_shape`) it reads a bucket of slots under a boolean position mask, through `reads`:
+# `masked` (SDPA), or `filled_blocks` (dflash/flex_reads.py) to visit only a long cache's filled blocks.
 
 
-def decode_pass(target: Qwen3, cache: KVCache, token, position, greedy: bool = True, *, reads=masked):
-    """The target's pick after one token (1, 1) at `position` (1,): the plain loop's step."""
-    attend = reads(causal_mask(position, cache.keys_to_read(1)))  # the committed tokens and itself
-    logits = target.logits(target(token, position, cache, attend=attend)[0][0])  # (1, vocab)
-    return argmax(logits) if greedy else logits  # (1,) or (1, vocab)
+def decode_pass(target: Qwen3, cache: KVCache, token, position, *, reads=masked):
+    """The target's logits (1, vocab) after one token (1, 1) at `position` (1,): the plain loop's step."""
+    mask = causal_mask(position, cache.keys_to_read(1)) if cache.fixed_shape else None
+    return target.logits(target(token, position, cache, attend=reads(mask))[0][0])
 
 
-def verify_pass(target: Qwen3, cache: KVCache, ids, positions, greedy: bool = True, *, reads=masked,
-                layer_ids=(), tree_slots=None, tree_mask=None):
-    """The target's pick after each token of a block (1, block) at `positions`, or of a draft tree's nodes
-    (`tree_mask`: ancestors), and its features there, for the next draft."""
-    keys = cache.keys_to_read(ids.shape[1])
-    if tree_mask is None:  # a chain: causal over the committed tokens and the block
-        mask, slots = causal_mask(positions, keys), positions
-    else:  # a tree: node i, written at slot tree_slots[i], sees the committed tokens, its ancestors and itself
-        mask, slots = tree_mask_over_cache(tree_slots, tree_mask, keys), tree_slots
-    hidden, features = target(ids, positions, cache, capture_layers=layer_ids, attend=reads(mask), slots=slots)
-    logits = target.logits(hidden[0])  # (block or nodes, vocab)
-    return (argmax(logits) if greedy else logits), features  # features: (1, block or nodes, n_layers * hidden)
+def verify_pass(target: Qwen3, cache: KVCache, ids, positions, layer_ids, *, reads=masked):
+    """The target's logits after each token of a block (1, block) at `positions` (block,), and its
+    features there (1, block, n_layers * hidden), for the next draft."""
+    keys, block = cache.keys_to_read(ids.shape[1]), ids.shape[1]
+    # Eagerly the block reads the committed keys and itself, causally: query i sees keys up to
+    # the committed ones + i, a causal mask aligned to the lower right.
+    mask = causal_mask(positions, keys) if cache.fixed_shape else causal_lower_right(block, keys)
+    hidden, features = target(ids, positions, cache, capture_layers=layer_ids, attend=reads(mask))
+    return target.logits(hidden[0]), features  # (block, vocab), (1, block, F)
 
 
-def draft_pass(target: Qwen3, drafter: Drafter, cache: KVCache, context_features, block_ids, greedy: bool = True, *,
-               reads=masked, context_positions, context_slots, block_positions, tree_top_k: int = 0):
-    """The block [last token, MASK, ...] (1, block) after the context not yet in `cache`, in one drafter pass."""
-    attend = reads(cached_block_mask(cache, context_features.shape[1] + block_ids.shape[1], block_positions))
-    hidden = drafter(context_features, target.embed_tokens(block_ids), context_positions, block_positions,
-                     cache=cache, attend=attend, context_slots=context_slots)
-    logits = target.logits(hidden[0, 1:])  # (block - 1, vocab): one distribution per drafted slot
-    if tree_top_k:  # the tree's candidates, likeliest first: (block - 1, k) log-probabilities and ids
-        best = torch.log_softmax(logits.float(), dim=-1).topk(tree_top_k, dim=-1)
-        return best.values, best.indices
-    return argmax(logits) if greedy else logits  # (block - 1,) or (block - 1, vocab)
+def verify_tree_pass(target: Qwen3, cache: KVCache, ids, positions, slots, tree_mask, layer_ids, *,
+                     reads=masked):
+    """As `verify_pass`, for a draft tree's nodes (1, nodes): node i, written at cache slot `slots[i]`
+    at position `positions[i]`, sees the committed tokens, its ancestors and itself (`tree_mask`)."""
+    mask = tree_mask_over_cache(slots, tree_mask, cache.keys_to_read(ids.shape[1]))
+    hidden, features = target(ids, positions, cache, capture_layers=layer_ids, attend=reads(mask),
+                              slots=slots)
+    return target.logits(hidden[0]), features  # (nodes, vocab), (1, nodes, F)
 
 
-PASSES = {"decode": decode_pass, "verify": verify_pass, "draft": draft_pass}
+def draft_pass(target: Qwen3, drafter: Drafter, cache: KVCache, features, block_ids, *, reads=masked,
+               context_positions, context_slots, block_positions):
+    """The drafter's logits (block - 1, vocab) for the block [last token, MASK, ...] (1, block), after
+    the context `features` (1, ctx, F) not yet in `cache`, in one pass."""
+    chunk = features.shape[1] + block_ids.shape[1]
+    # Eagerly the block reads exactly the cached context, the new context and itself: all of it.
+    mask = cached_block_mask(cache, chunk, block_positions) if cache.fixed_shape else None
+    hidden = drafter(features, target.embed_tokens(block_ids), context_positions, block_positions,
+                     cache=cache, attend=reads(mask), context_slots=context_slots)
+    return target.logits(hidden[0, 1:])  # (block - 1, vocab): one distribution per drafted slot
+
+
+PASSES = {"decode": decode_pass, "verify": verify_pass, "verify_tree": verify_tree_pass,
+          "draft": draft_pass}
 
 
 # ---------------------------------------------------------------- the model runner
@@ -91,72 +99,85 @@ PASSES = {"decode": decode_pass, "verify": verify_pass, "draft": draft_pass}
 class ModelRunner:
     """The caches, the buffers and the passes of the loops, built once and reused across calls.
 
-    Each pass writes its chunk right after a cache's committed `length`; the loop commits what it keeps
-    (`target_cache.extend`). Compiled, every output the loop keeps past the next pass is copied into a
-    buffer the runner owns: under CUDA graphs a pass may reuse the memory of the last one's outputs.
-    `clock`, when set, is entered as `with clock(phase):` around each pass.
+    Each pass writes its chunk right after a cache's committed `length`. The loop commits what it
+    keeps in one call (`commit`, `commit_path`); the drafter's cache holds only committed tokens'
+    context, so it commits what it writes. Compiled, every output the loop keeps past the next pass
+    is copied into a buffer the runner owns: under CUDA graphs a pass may reuse the memory of the
+    last one's outputs. Once built, a runner is changed only by its own methods: a benchmark that
+    times or steers it wraps it (dflash/measure.py).
     """
 
     def __init__(self, target: Qwen3, drafter: Drafter | None = None, *, max_length: int,
                  block_size: int | None = None, tree_budget: int = 0, tree_top_k: int | None = None,
-                 compile: bool = False, backend="inductor", mode: str | None = None, flex_attention: bool = False):
+                 compile: bool = False, backend="inductor", mode: str | None = None,
+                 flex_attention: bool = False):
         self.target, self.drafter, self.max_length = target, drafter, max_length
-        self.block_size = block = block_size or (drafter.config.block_size if drafter is not None else 1)
+        self.block_size = block = block_size or default_block_size(drafter)
         self.tree_budget = tree_budget  # drafted nodes per tree (0: chains only)
-        # A node's r-th child needs r - 1 siblings first, so more candidates than the budget are never used.
+        # A node's r-th child needs r - 1 siblings first: more candidates than the budget are never used.
+        # (1 grows a tree of single children, the chain: tests/test_tree.py checks the two agree.)
         self.tree_top_k = min(tree_top_k or max(tree_budget, 1), target.config.vocab_size)
-        self.reads = filled_blocks if flex_attention else masked  # see dflash/flex_reads.py
         weight = target.embed_tokens.weight
         self.target_cache = KVCache.for_layers(target.config, weight, max_length)
-        # The drafter's has `block` slots more: a compiled draft parks the rejected context there (`draft_inputs`).
-        self.drafter_cache = KVCache.for_layers(drafter.config.layers, weight, max_length + block) if drafter else None
+        # The drafter's has `block` slots more: a compiled draft parks rejected context there (`draft`).
+        self.drafter_cache = (KVCache.for_layers(drafter.config.layers, weight, max_length + block)
+                              if drafter is not None else None)
         self.layer_ids = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
         self.mask_token_id = drafter.config.mask_token_id if drafter is not None else 0
         width, device = len(self.layer_ids) * target.config.hidden_size, weight.device
         ids = functools.partial(torch.zeros, dtype=torch.long, device=device)
         self.block_offsets = torch.arange(block, device=device)  # a block's positions, from 0
-        self.token_ids, self.block_ids = ids(1, 1), ids(1, block)  # decode's input; verify's [last, drafts]
-        self.target_tokens = ids(block)  # the token the target commits after each slot
-        self.features = weight.new_zeros(1, block, width)  # the target's features there, for the next draft
-        self.draft_probs: torch.Tensor | None = None  # q of the sampled draft slots, for the verdicts
+        self.token_ids, self.block_ids = ids(1, 1), ids(1, block)  # decode's input; [last, drafts]
+        self.target_tokens = ids(block)  # the token the target picks after each slot
+        self.features = weight.new_zeros(1, block, width)  # the target's features there
         nodes = tree_budget + 1  # a tree's buffers, as the chain's: the root and the drafted nodes
         self.node_offsets = torch.arange(nodes, device=device)  # a tree's cache slots, from 0
-        self.node_tokens = ids(nodes)  # the token the target commits after each node
+        self.node_tokens = ids(nodes)  # the token the target picks after each node
         self.node_features = weight.new_zeros(1, nodes, width)  # and its features there
-        self.draft_logprobs = torch.zeros(block - 1, self.tree_top_k, device=device)  # the candidates per slot
-        self.draft_candidates = ids(block - 1, self.tree_top_k)
-        self.compiled, self.clock, self.passes = compile, None, dict(PASSES)
+        self.compiled = compile
+        self.reads = filled_blocks if flex_attention else masked  # compiled reads: dflash/flex_reads.py
         if compile:
             for cache in self.caches():
-                for buffer in cache.keys + cache.values:  # they never move: CUDA graphs may write into them
+                for buffer in cache.keys + cache.values:  # never moved: CUDA graphs may write into them
                     torch._dynamo.mark_static_address(buffer)
-            self.shape = (block, tree_budget, self.tree_top_k, max_length)  # what the passes' shapes follow
-            self.widest_chunk = 2 * block + tree_budget  # the most slots one pass writes: a draft's context and block
+            self.shape = (block, tree_budget, max_length)  # what the passes' shapes follow
+            self.widest_chunk = 2 * block + tree_budget  # the most one pass writes: a draft's context and block
             self.compile_options = (backend, mode)
-            self.passes = {name: functools.partial(self.run_compiled, name) for name in PASSES}
+        self.built = True
 
-    def run_compiled(self, name: str, *args, **options):
-        """`name`'s pass, compiled for the slots its cache reads: the bucket (`keys_bucket`) that holds the
-        committed slots and the widest chunk. The slot count is a shape, so each bucket has its own copy.
-        The cache reads the bucket during this pass only: an eager pass after it reads what it needs."""
-        cache = self.drafter_cache if name == "draft" else self.target_cache
-        cache.read_limit = keys_bucket(cache.length + self.widest_chunk, cache.max_length)
-        cache.fixed_shape = True
-        try:
-            return compiled_copy(PASSES[name], self.shape, cache.read_limit, *self.compile_options)(*args, **options)
-        finally:
-            cache.fixed_shape = False
+    def __setattr__(self, name: str, value) -> None:
+        """A runner is not changed from outside once built: what a loop reads from it stays what its
+        methods made it (a benchmark wraps it instead: dflash/measure.py)."""
+        if getattr(self, "built", False):
+            raise AttributeError(f"a built ModelRunner's {name} cannot be set: wrap the runner instead")
+        super().__setattr__(name, value)
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"a ModelRunner's {name} cannot be deleted")
 
     def caches(self) -> list[KVCache]:
         return [cache for cache in (self.target_cache, self.drafter_cache) if cache is not None]
 
-    def timed(self, phase: str):
-        return self.clock(phase) if self.clock is not None else contextlib.nullcontext()
+    def run(self, name: str, cache: KVCache, *args, eager: bool = False, **options):
+        """Pass `name` on `cache`: eagerly, or compiled for the slots the cache reads: the bucket
+        (`keys_bucket`) that holds the committed slots and the widest chunk. The slot count is a shape,
+        so each bucket has its own compiled copy; the cache reads the bucket during this pass only."""
+        if eager or not self.compiled:
+            return PASSES[name](*args, **options)
+        cache.read_limit = keys_bucket(cache.length + self.widest_chunk, cache.max_length)
+        cache.fixed_shape = True
+        try:
+            compiled = compiled_copy(PASSES[name], self.shape, cache.read_limit, *self.compile_options)
+            return compiled(*args, reads=self.reads, **options)
+        finally:
+            cache.fixed_shape = False
 
-    def prefill(self, prompt_ids: Sequence[int] | torch.Tensor, sampling: Sampling | float, generator: torch.Generator | None,
+    def prefill(self, prompt_ids: Sequence[int] | torch.Tensor, sampling: Sampling,
+                generator: torch.Generator | None,
                 first_token_choices: Sequence[int] | None = None) -> tuple[int, torch.Tensor]:
-        """The prompt through the target, eagerly (its length changes with every prompt), all of it committed:
-        the first new token (one of `first_token_choices` under token healing) and the features (1, n, F)."""
+        """The prompt through the target, eagerly (its length changes with every prompt), all of it
+        committed: the first new token (one of `first_token_choices` under token healing) and the
+        features (1, n, F)."""
         for cache in self.caches():
             cache.trim(0)
         prompt = torch.as_tensor(prompt_ids, device=self.block_offsets.device).view(1, -1)  # (1, n)
@@ -165,132 +186,141 @@ class ModelRunner:
         logits = self.target.logits(hidden[0, -1])  # (vocab,)
         if first_token_choices is not None:
             logits = keep_only(logits, first_token_choices)
-        sampling = as_sampling(sampling)
-        first = argmax(logits) if sampling.greedy else sample(logits, sampling, generator)
-        return first.item(), features
+        return sample(logits, sampling, generator).item(), features
 
-    def decode(self, token: int, sampling: Sampling | float, generator: torch.Generator | None) -> int:
-        """The next token after `token`, which is written right after the committed ones (the loop commits it)."""
-        sampling = as_sampling(sampling)
-        with self.timed("decode"):
-            self.token_ids[0, 0] = token
-            position = self.block_offsets[:1] + self.target_cache.length  # (1,)
-            picks = self.passes["decode"](self.target, self.target_cache, self.token_ids, position, sampling.greedy,
-                                          reads=self.reads)
-            return (picks[0] if sampling.greedy else sample(picks[0], sampling, generator)).item()
+    def decode(self, token: int, sampling: Sampling, generator: torch.Generator | None) -> int:
+        """The next token after `token`, which is written right after the committed ones."""
+        self.token_ids[0, 0] = token
+        position = self.block_offsets[:1] + self.target_cache.length  # (1,)
+        logits = self.run("decode", self.target_cache, self.target, self.target_cache, self.token_ids,
+                          position)
+        return sample(logits[0], sampling, generator).item()
+
+    def commit(self, kept: int) -> torch.Tensor:
+        """Commit the first `kept` slots of the block just verified to the target's cache: the last
+        token and the drafts accepted after it. Their features (1, kept, F) are the next draft's context;
+        the drafter's cache commits them when it reads them."""
+        self.target_cache.extend(kept)
+        return self.features[:, :kept]
 
     # ------------------------------------------------------------------- chains
 
-    def draft(self, context_features: torch.Tensor, last_token: int, start: int) -> torch.Tensor:
-        """Guess the block after `last_token` (at position `start`): (block - 1,) ids, in the runner's buffer.
-        `context_features` (1, ctx, F) are the target's features where the drafter has not looked yet:
-        the prompt's right after the prefill, later the last verify's block."""
-        with self.timed("draft"):
-            self.draft_probs = None
-            self.block_ids[0, 1:] = self.run_drafter(context_features, last_token, start)
-            return self.block_ids[0, 1:]
+    def draft_sampled(self, features: torch.Tensor, last_token: int, sampling: Sampling, sampled: int,
+                      generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Drafts (block - 1,) whose first `sampled` slots are drawn from the drafter's distribution q,
+        the slots after them its argmax; and q (sampled, vocab), for the verdicts."""
+        logits = self.draft(features, last_token)  # (block - 1, vocab)
+        draft_probs = sampling.probs(logits[:sampled])  # (sampled, vocab)
+        return torch.cat([draw(draft_probs, generator), argmax(logits[sampled:])]), draft_probs
 
-    def draft_sampled(self, context_features: torch.Tensor, last_token: int, start: int, sampling: Sampling,
-                      sampled: int, generator: torch.Generator | None) -> torch.Tensor:
-        """As `draft`, but the first `sampled` slots are drawn from the drafter's distribution q (kept in
-        `draft_probs` for `verify`); the slots after them are its argmax."""
-        with self.timed("draft"):
-            logits = self.run_drafter(context_features, last_token, start, greedy=False)
-            self.draft_probs = sampling.probs(logits[:sampled])  # (sampled, vocab)
-            self.block_ids[0, 1:] = torch.cat([draw(self.draft_probs, generator), argmax(logits[sampled:])])
-            return self.block_ids[0, 1:]
+    def draft(self, features: torch.Tensor, last_token: int) -> torch.Tensor:
+        """The drafter's logits (block - 1, vocab) for the block [last_token, MASK, ...] after
+        `last_token`, the newest committed token. `features` (1, ctx, F) are the target's features
+        where the drafter has not looked yet: the prompt's after the prefill, later the kept ones.
+        Their keys and values are committed to the drafter's cache: they are committed tokens'.
 
-    def run_drafter(self, context_features: torch.Tensor, last_token: int, start: int, *, greedy: bool = True,
-                    tree_top_k: int = 0):
-        """Feed the drafter its new context and the block [last_token, MASK, ...]; commit the context it keeps.
-
-        The context positions accepted since the last draft run up to `start`. Eagerly, and for the first draft
-        after the prefill (the drafter's cache is still empty, the prompt's length is any), the pass reads only
-        them. Compiled, it takes the whole last block, for a fixed shape, and parks the rejected rows' keys and
-        values `block` slots further on, where the block's mask hides them and a later write overwrites them.
+        The block starts at the target's committed length; the context rows lie just before it.
+        Eagerly, and for the first draft after the prefill (any prompt length), the pass reads those
+        rows. Compiled, it takes the whole features buffer, for a fixed shape, and parks the rows past
+        the context `block` slots further on, where the block's mask hides them and a later write
+        overwrites them.
         """
-        cache, offsets = self.drafter_cache, self.block_offsets
-        committed = start - cache.length  # context positions accepted since the last draft
-        fixed = self.compiled and cache.length > 0
-        if not fixed:
-            context_features = context_features[:, :committed]
-        context_positions = cache.length + torch.arange(context_features.shape[1], device=offsets.device)
-        context_slots = (torch.where(context_positions < start, context_positions, context_positions + len(offsets))
-                         if fixed else None)  # None: at their positions (eagerly, every row is accepted context)
+        cache, offsets, rows = self.drafter_cache, self.block_offsets, features.shape[1]
+        start = self.target_cache.length  # of `last_token`: the block's first position
+        eager = not self.compiled or cache.length == 0
+        context_slots = None  # eagerly, every row is context, written at its position
+        if not eager:
+            features = self.features  # (1, block, F): `features` was its first `rows` rows
+        context_positions = start - rows + torch.arange(features.shape[1], device=offsets.device)
+        if not eager:  # the rows past the context go `block` slots on
+            context_slots = context_positions + torch.where(offsets < rows, 0, len(offsets))
         self.block_ids[0, 0] = last_token
         self.block_ids[0, 1:] = self.mask_token_id
-        run = self.passes["draft"] if fixed else PASSES["draft"]
-        drafted = run(self.target, self.drafter, cache, context_features, self.block_ids, greedy, reads=self.reads,
-                      context_positions=context_positions, context_slots=context_slots,
-                      block_positions=offsets + start, tree_top_k=tree_top_k)
-        cache.extend(committed)  # the context is kept; the block's slots were scratch
-        return drafted
+        logits = self.run("draft", cache, self.target, self.drafter, cache, features, self.block_ids,
+                          context_positions=context_positions, context_slots=context_slots,
+                          block_positions=offsets + start, eager=eager)
+        cache.extend(rows)  # the context is kept; the block's slots were scratch
+        return logits
 
-    def verify(self, drafts: torch.Tensor, sampling: Sampling | float, generator: torch.Generator | None):
-        """The token the target commits after each slot of [last token, drafts] (block,), and its features
-        (1, block, F). The block is written after the committed tokens; the loop commits what it keeps."""
-        sampling = as_sampling(sampling)
-        with self.timed("verify"):
-            self.block_ids[0, 1:] = drafts
-            positions = self.block_offsets + self.target_cache.length  # (block,)
-            picks, features = self.passes["verify"](self.target, self.target_cache, self.block_ids, positions,
-                                                    sampling.greedy, reads=self.reads, layer_ids=self.layer_ids)
-            if not sampling.greedy:
-                picks = verdicts(sampling.probs(picks), drafts, self.draft_probs, generator)
-            return self.target_tokens.copy_(picks), self.features.copy_(features)
+    def verify(self, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The token the target picks after each slot of [last token, drafts] (block,), its argmax,
+        and its features (1, block, F). The block is written after the committed tokens."""
+        self.block_ids[0, 1:] = drafts
+        positions = self.block_offsets + self.target_cache.length  # (block,)
+        logits, features = self.run("verify", self.target_cache, self.target, self.target_cache,
+                                    self.block_ids, positions, self.layer_ids)
+        return self.target_tokens.copy_(argmax(logits)), self.features.copy_(features)
+
+    def verify_sampled(self, drafts: torch.Tensor, draft_probs: torch.Tensor | None, sampling: Sampling,
+                       generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """As `verify`, the target's token after each slot drawn by the rejection rule (`verdicts`): a
+        draft is kept where it equals it, and the committed tokens follow the target's distribution."""
+        self.block_ids[0, 1:] = drafts
+        positions = self.block_offsets + self.target_cache.length  # (block,)
+        logits, features = self.run("verify", self.target_cache, self.target, self.target_cache,
+                                    self.block_ids, positions, self.layer_ids)
+        target_tokens = verdicts(sampling.probs(logits), drafts, draft_probs, generator)
+        return self.target_tokens.copy_(target_tokens), self.features.copy_(features)
 
     # -------------------------------------------------------------------- trees
 
-    def draft_tree(self, context_features: torch.Tensor, last_token: int, start: int):
-        """As `draft`, the `tree_top_k` likeliest tokens at each slot, likeliest first: (block - 1, k)
+    def draft_tree(self, features: torch.Tensor, last_token: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The drafter's `tree_top_k` likeliest tokens at each slot, likeliest first: (block - 1, k)
         log-probabilities and ids; slot d's are the candidates at depth d of the tree."""
-        with self.timed("draft"):
-            logprobs, ids = self.run_drafter(context_features, last_token, start, tree_top_k=self.tree_top_k)
-            return self.draft_logprobs.copy_(logprobs), self.draft_candidates.copy_(ids)
+        logits = self.draft(features, last_token)  # (block - 1, vocab)
+        return torch.log_softmax(logits.float(), dim=-1).topk(self.tree_top_k, dim=-1)
 
-    def verify_tree(self, tree: DraftTree, sampling: Sampling | float, generator: torch.Generator | None):
-        """The target's token after each node of `tree` (budget + 1,), padding nodes included. Node i goes
-        to cache slot start + i at position start + depth(i) and sees the committed tokens, its ancestors
-        and itself (`verify_inputs`); `keep_path` then commits the chosen path."""
-        sampling = as_sampling(sampling)
-        with self.timed("verify"):
-            tokens, depths, tree_mask = verify_inputs(tree, self.tree_budget, self.node_offsets.device)
-            start = self.target_cache.length
-            picks, features = self.passes["verify"](self.target, self.target_cache, tokens[None], depths + start,
-                                                    sampling.greedy, reads=self.reads, layer_ids=self.layer_ids,
-                                                    tree_slots=self.node_offsets + start, tree_mask=tree_mask)
-            self.node_features.copy_(features)
-            return self.node_tokens.copy_(picks if sampling.greedy else sample(picks, sampling, generator))
+    def verify_tree(self, tree: DraftTree, sampling: Sampling,
+                    generator: torch.Generator | None) -> torch.Tensor:
+        """The target's token after each node of `tree` (budget + 1,), padding nodes included. Node i
+        goes to cache slot start + i at position start + depth(i) and sees the committed tokens, its
+        ancestors and itself (`verify_inputs`); `commit_path` then commits the chosen path."""
+        tokens, depths, tree_mask = verify_inputs(tree, self.tree_budget, self.node_offsets.device)
+        start = self.target_cache.length
+        logits, features = self.run("verify_tree", self.target_cache, self.target, self.target_cache,
+                                    tokens[None], depths + start, self.node_offsets + start, tree_mask,
+                                    self.layer_ids)
+        self.node_features.copy_(features)
+        return self.node_tokens.copy_(sample(logits, sampling, generator))
 
-    def keep_path(self, path: list[int]) -> torch.Tensor:
+    def commit_path(self, path: list[int]) -> torch.Tensor:
         """Commit the accepted `path` (node indices, root first): its keys and values move next to the
-        committed ones, its features to the front of `features` (1, block, F) for the next draft."""
+        committed ones. Its features (1, path, F) are the next draft's context."""
         start, nodes = self.target_cache.length, self.node_offsets.new_tensor(path)
         self.target_cache.compact(self.node_offsets.new_tensor(path_slots(path, start)), start)
         self.target_cache.extend(len(path))
         self.features[:, :len(path)] = self.node_features[:, nodes]  # (1, path, F)
-        return self.features
+        return self.features[:, :len(path)]
+
+
+def default_block_size(drafter: Drafter | None) -> int:
+    """The block a loop drafts unless told: the drafter's own (1 for the plain loop)."""
+    return drafter.config.block_size if drafter is not None else 1
+
+
+def cache_slots(prompt_length: int, max_new_tokens: int, block_size: int, tree_budget: int = 0) -> int:
+    """The cache slots a request needs: the prompt, the output, and the last block or tree, which may
+    reach past the output's end."""
+    return prompt_length + max_new_tokens + max(block_size, tree_budget + 1)
 
 
 # ------------------------------------------------------------------------ the loops
 
 
 class GenerationBuilder:
-    """Builds a loop's `Generation`: at most `limit` tokens, none after a stop token, timed without `on_token`."""
+    """Builds a loop's `Generation`: at most `limit` tokens, none after a stop token, timed without
+    `on_token`."""
 
-    def __init__(self, limit: int, stop_ids: Sequence[int], on_token: OnToken | None, device: torch.device):
+    def __init__(self, limit: int, stop_ids: Sequence[int], on_token: OnToken | None,
+                 device: torch.device):
         self.limit, self.stop_ids, self.on_token, self.device = limit, set(stop_ids), on_token, device
         self.result = Generation([], [], 0.0)
+        self.done = limit == 0  # the limit is reached, or a stop token committed
         synchronize(device)  # earlier queued GPU work is not ours to time
         self.began = time.perf_counter()
 
-    @property
-    def done(self) -> bool:
-        ids = self.result.new_ids
-        return len(ids) == self.limit or bool(ids) and ids[-1] in self.stop_ids
-
     def commit(self, tokens: list[int], drafted: int = 0, step: bool = True) -> None:
-        """Record a step (or the prefill) that committed `tokens`, of which the first `drafted` were drafts."""
+        """Record a step (or the prefill) that committed `tokens`, the first `drafted` of them drafts."""
         result = self.result
         if step:
             result.acceptance_lengths.append(len(tokens))  # counted whole, even past the limit
@@ -298,39 +328,46 @@ class GenerationBuilder:
             if self.done:
                 break
             result.new_ids.append(token)
+            self.done = len(result.new_ids) == self.limit or token in self.stop_ids
             if self.on_token is not None:
                 began = time.perf_counter()
                 self.on_token(token, i < drafted)
                 result.callback_seconds += time.perf_counter() - began
-        result.seconds = time.perf_counter() - self.began - result.callback_seconds  # so far: the ids are on the host
+        # So far: the ids are on the host.
+        result.seconds = time.perf_counter() - self.began - result.callback_seconds
         result.first_token_seconds = result.first_token_seconds or result.seconds
 
     def finish(self) -> Generation:
-        synchronize(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the clock stops when the GPU's work is done
         self.result.seconds = time.perf_counter() - self.began - self.result.callback_seconds
         return self.result
 
 
-def ready_runner(target: Qwen3, drafter: Drafter | None, prompt_ids: Sequence[int], max_new_tokens: int, *,
-                 runner: ModelRunner | None, block_size: int, tree_budget: int = 0) -> ModelRunner:
+def ready_runner(target: Qwen3, drafter: Drafter | None, prompt_ids: Sequence[int], max_new_tokens: int,
+                 *, runner: ModelRunner | None, block_size: int, tree_budget: int = 0) -> ModelRunner:
     """Check the request (`check_request`); return `runner`, or a new one sized for it."""
-    slots = len(prompt_ids) + max_new_tokens + max(block_size, tree_budget + 1)  # the last block or tree may reach past
-    check_request(target, drafter, prompt_ids, max_new_tokens, block_size=block_size, tree_budget=tree_budget)
-    runner = runner or ModelRunner(target, drafter, block_size=block_size, tree_budget=tree_budget, max_length=slots)
+    slots = cache_slots(len(prompt_ids), max_new_tokens, block_size, tree_budget)
+    check_request(target, drafter, prompt_ids, max_new_tokens, block_size=block_size,
+                  tree_budget=tree_budget)
+    runner = runner or ModelRunner(target, drafter, block_size=block_size, tree_budget=tree_budget,
+                                   max_length=slots)
     runner_fits = (block_size, tree_budget or runner.tree_budget) == (runner.block_size, runner.tree_budget)
     if not runner_fits or slots > runner.max_length:
-        raise UsageError(f"block size {block_size}, tree budget {tree_budget} and {slots} cache slots do not fit the "
-                         f"runner's {runner.block_size}, {runner.tree_budget} and {runner.max_length}")
+        raise UsageError(f"block size {block_size}, tree budget {tree_budget} and {slots} cache slots do "
+                         f"not fit the runner's {runner.block_size}, {runner.tree_budget} and "
+                         f"{runner.max_length}")
     return runner
 
 
 @torch.no_grad()
-def generate_autoregressive(target: Qwen3, prompt_ids: Sequence[int], max_new_tokens: int, *, temperature=0.0,
-                            sampling: Sampling | None = None, stop_ids: Sequence[int] = (), generator=None,
+def generate_autoregressive(target: Qwen3, prompt_ids: Sequence[int], max_new_tokens: int, *,
+                            temperature=0.0, sampling: Sampling | None = None,
+                            stop_ids: Sequence[int] = (), generator=None,
                             on_token: OnToken | None = None, runner: ModelRunner | None = None,
                             first_token_choices: Sequence[int] | None = None) -> Generation:
-    """The baseline: one target pass per new token. `sampling` (default: the plain softmax at `temperature`)
-    says how tokens are drawn; `first_token_choices` (token healing) limits the first new token."""
+    """The baseline: one target pass per new token. `sampling` (default: the plain softmax at
+    `temperature`) says how tokens are drawn; `first_token_choices` (token healing) limits the first."""
     sampling = sampling or Sampling(temperature)
     runner = ready_runner(target, None, prompt_ids, max_new_tokens, runner=runner,
                           block_size=runner.block_size if runner is not None else 1)
@@ -339,7 +376,7 @@ def generate_autoregressive(target: Qwen3, prompt_ids: Sequence[int], max_new_to
     output.commit([token], step=False)  # committed, but not yet in the target's cache
     while not output.done:
         token_after = runner.decode(token, sampling, generator)  # the one host sync of the step
-        runner.target_cache.extend(1)  # commit `token`, now written in the cache
+        runner.commit(1)  # `token`, now written in the cache
         token = token_after
         output.commit([token])
     return output.finish()
@@ -351,58 +388,64 @@ def generate_dflash(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int], 
                     draft_policy: str = "greedy", stop_ids: Sequence[int] = (), generator=None,
                     on_token: OnToken | None = None, runner: ModelRunner | None = None,
                     first_token_choices: Sequence[int] | None = None) -> Generation:
-    """Speculative decoding: draft a block, verify it, keep the drafts that equal the token the target commits
-    at their slot (`verdicts`) and the target's token after them. The output follows `generate_autoregressive`'s
-    law (equals it, greedy). `draft_policy`: drafts are the drafter's argmax (`greedy`) or drawn (`sampled`;
-    `mixed:K`: the first K)."""
+    """Speculative decoding: draft a block, verify it, keep the drafts that equal the token the target
+    picks at their slot and the target's token after them. The output follows
+    `generate_autoregressive`'s law (equals it, greedy). `draft_policy`: drafts are the drafter's
+    argmax (`greedy`) or drawn (`sampled`; `mixed:K`: the first K)."""
     sampling = sampling or Sampling(temperature)
-    block_size = block_size or (runner.block_size if runner is not None else drafter.config.block_size)
-    sampled = sampled_slots(draft_policy, block_size, sampling)  # slots drawn from the drafter (greedy drafts: 0)
+    block_size = block_size or (runner.block_size if runner is not None else default_block_size(drafter))
+    sampled = sampled_slots(draft_policy, block_size, sampling)  # slots drawn from the drafter
+    greedy = sampling.greedy
     runner = ready_runner(target, drafter, prompt_ids, max_new_tokens, runner=runner, block_size=block_size)
     output = GenerationBuilder(max_new_tokens, stop_ids, on_token, target.embed_tokens.weight.device)
-    last, context = runner.prefill(prompt_ids, sampling, generator, first_token_choices)  # int, (1, n, F)
+    last, features = runner.prefill(prompt_ids, sampling, generator, first_token_choices)  # (1, n, F)
     output.commit([last], step=False)  # committed, but not yet in the target's cache
-    position = len(prompt_ids)  # of `last`, the newest committed token
     while not output.done:
-        drafts = (runner.draft_sampled(context, last, position, sampling, sampled, generator) if sampled
-                  else runner.draft(context, last, position))  # (block - 1,)
-        committed, context = runner.verify(drafts, sampling, generator)  # (block,), (1, block, F)
-        both = torch.cat([drafts, committed]).tolist()  # the one host sync of the step
-        guessed, wanted = both[:block_size - 1], both[block_size - 1:]
-        accepted = next((k for k, (g, w) in enumerate(zip(guessed, wanted)) if g != w), block_size - 1)
-        runner.target_cache.extend(accepted + 1)  # commit `last` and the kept drafts; the rest is overwritten later
-        output.commit(wanted[:accepted + 1], drafted=accepted)  # the kept drafts, then the target's own token
-        last, position = wanted[accepted], position + accepted + 1  # the target's token opens the next block
+        if greedy:
+            drafts = argmax(runner.draft(features, last))  # (block - 1,): the drafter's likeliest
+            target_tokens, features = runner.verify(drafts)  # (block,), (1, block, F)
+        else:
+            drafts, draft_probs = runner.draft_sampled(features, last, sampling, sampled, generator)
+            target_tokens, features = runner.verify_sampled(drafts, draft_probs, sampling, generator)
+        both = torch.cat([drafts, target_tokens]).tolist()  # the one host sync of the step
+        drafts, target_tokens = both[:block_size - 1], both[block_size - 1:]
+        accepted = 0  # drafts kept: those before the first the target disagrees with
+        while accepted < block_size - 1 and drafts[accepted] == target_tokens[accepted]:
+            accepted += 1
+        features = runner.commit(accepted + 1)  # `last` and the kept drafts, in both caches
+        output.commit(target_tokens[:accepted + 1], drafted=accepted)  # the drafts, then the target's
+        last = target_tokens[accepted]  # the target's own token opens the next block
     return output.finish()
 
 
 @torch.no_grad()
-def generate_dflash_tree(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int], max_new_tokens: int, *,
-                         budget: int, block_size: int | None = None, temperature=0.0, sampling: Sampling | None = None,
-                         stop_ids: Sequence[int] = (), generator=None, on_token: OnToken | None = None,
-                         runner: ModelRunner | None = None, first_token_choices: Sequence[int] | None = None):
-    """Speculative decoding with a tree of the `budget` continuations the drafter finds likeliest, all checked
-    in one pass (`dflash/tree.py`); the walk keeps the path the target agrees with, plus its token after it.
-    Children are chosen, not sampled: sampled children would need a multi-draft rule."""
+def generate_dflash_tree(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int], max_new_tokens: int,
+                         *, budget: int, block_size: int | None = None, temperature=0.0,
+                         sampling: Sampling | None = None, stop_ids: Sequence[int] = (), generator=None,
+                         on_token: OnToken | None = None, runner: ModelRunner | None = None,
+                         first_token_choices: Sequence[int] | None = None):
+    """Speculative decoding with a tree of the `budget` continuations the drafter finds likeliest, all
+    checked in one pass (`dflash/tree.py`); the walk keeps the path the target agrees with, plus its
+    token after it. Children are chosen, not sampled: sampled children would need a multi-draft rule."""
     sampling = sampling or Sampling(temperature)
-    block_size = block_size or (runner.block_size if runner is not None else drafter.config.block_size)
+    block_size = block_size or (runner.block_size if runner is not None else default_block_size(drafter))
     if budget < 1:
         raise UsageError(f"a tree needs a budget of at least 1 node, got {budget}")
-    runner = ready_runner(target, drafter, prompt_ids, max_new_tokens, runner=runner, block_size=block_size,
-                          tree_budget=budget)
+    runner = ready_runner(target, drafter, prompt_ids, max_new_tokens, runner=runner,
+                          block_size=block_size, tree_budget=budget)
     output = GenerationBuilder(max_new_tokens, stop_ids, on_token, target.embed_tokens.weight.device)
-    last, context = runner.prefill(prompt_ids, sampling, generator, first_token_choices)  # int, (1, n, F)
+    last, features = runner.prefill(prompt_ids, sampling, generator, first_token_choices)  # (1, n, F)
     output.commit([last], step=False)
-    position = len(prompt_ids)  # of `last`: the root of the next tree
     while not output.done:
-        logprobs, candidates = runner.draft_tree(context, last, position)
-        tree = build_tree(last, logprobs.tolist(), candidates.tolist(), budget)  # host sync 1: the tree is host-side
-        target_tokens = runner.verify_tree(tree, sampling, generator).tolist()  # host sync 2: (budget + 1,)
+        logprobs, candidates = runner.draft_tree(features, last)
+        # Host sync 1: the tree is built on the host.
+        tree = build_tree(last, logprobs.tolist(), candidates.tolist(), budget)
+        target_tokens = runner.verify_tree(tree, sampling, generator).tolist()  # sync 2: (budget + 1,)
         path = walk(tree, target_tokens)  # the accepted nodes, root first
-        committed = [target_tokens[node] for node in path]  # the accepted drafts (== the target's), then its own
-        context = runner.keep_path(path)  # commit: the path's keys, values and features move next to the committed
-        output.commit(committed, drafted=len(path) - 1)
-        last, position = committed[-1], position + len(path)
+        kept = [target_tokens[node] for node in path]  # the accepted drafts (the target's), then its own
+        features = runner.commit_path(path)  # the path's keys and values next to the committed ones
+        output.commit(kept, drafted=len(path) - 1)
+        last = kept[-1]
     return output.finish()
 
 
@@ -441,7 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the fixed-shape passes (default: on for CUDA, off for CPU)")
     p.add_argument("--flex-attention", action="store_true", help="read the caches through FlexAttention, only their "
-                   "filled blocks (for compiled passes on CUDA; slow uncompiled; not yet measured on a GPU)")
+                   "filled blocks (compiled passes only, for CUDA; not yet measured on a GPU)")
     add_prompt_options(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the text: output_ids, text, "
                    "acceptance_lengths, mean_acceptance, tokens_per_second, new_tokens, steps (with --compare also "
@@ -474,14 +517,14 @@ def run(args) -> int:
     prompt_ids, choices = encode_for_generation(prompt, tokenizer, args.chat, args.thinking, args.token_healing)
     target = Qwen3.from_pretrained(args.model, device=device, dtype=dtype)
     drafter = None if args.no_draft else Drafter.from_pretrained(args.draft, target=target, device=device, dtype=dtype)
-    block_size = (args.block_size or drafter.config.block_size) if drafter is not None else 1
+    block_size = args.block_size or default_block_size(drafter)
     check_request(target, drafter, prompt_ids, args.max_new_tokens, block_size=block_size, tree_budget=args.tree,
                   where=prompt.where)  # before the runner allocates its caches
     check_no_mask_token(drafter, prompt_ids, prompt.where)
     sampled_slots(args.draft_policy, block_size, sampling)  # a bad policy is refused before any work
     compile = device.type == "cuda" if args.compile is None else args.compile
     runner = ModelRunner(target, drafter, block_size=block_size, tree_budget=args.tree, compile=compile,
-                         max_length=len(prompt_ids) + args.max_new_tokens + max(block_size, args.tree + 1),
+                         max_length=cache_slots(len(prompt_ids), args.max_new_tokens, block_size, args.tree),
                          mode="reduce-overhead" if device.type == "cuda" else None, flex_attention=args.flex_attention)
     common = dict(sampling=sampling, stop_ids=stop_token_ids(args.model, tokenizer), runner=runner,
                   first_token_choices=choices)

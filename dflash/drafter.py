@@ -16,7 +16,8 @@ from torch import nn
 
 from dflash import checkpoint
 from dflash.checkpoint import CheckpointError
-from dflash.qwen3 import Attend, DecoderLayer, KVCache, Qwen3, Qwen3Config, RMSNorm, Rope, RotaryEmbedding, Store, masked
+from dflash.qwen3 import (Attend, DecoderLayer, KVCache, Qwen3, Qwen3Config, RMSNorm, Rope,
+                          RotaryEmbedding, masked)
 
 
 def default_target_layer_ids(num_target_layers: int, num_drafter_layers: int) -> list[int]:
@@ -56,16 +57,17 @@ class DrafterLayer(DecoderLayer):
     """A Qwen3 decoder layer whose attention also reads the target's context (KV injection)."""
 
     def forward(self, block: torch.Tensor, context: torch.Tensor, rope: Rope, attend: Attend,
-                store: Store | None) -> torch.Tensor:
-        """block (batch, B, hidden) and context (batch, ctx, hidden) -> block; `rope` covers [context; block]."""
+                cache: KVCache | None, slots: torch.Tensor | None) -> torch.Tensor:
+        """block (batch, B, hidden) and context (batch, ctx, hidden) -> block; `rope` covers
+        [context; block]; with a `cache`, both are written at `slots` (ctx + B,)."""
         attn, seq = self.self_attn, block.shape[1]
         normed = self.input_layernorm(block)  # the context is not normed again: hidden_norm did that
         block_rope = (rope[0][..., -seq:, :], rope[1][..., -seq:, :])  # the block's rows: (..., B, head_dim)
         q = attn.queries(normed, block_rope)  # (batch, heads, B, head_dim): queries from the block only
         # The context enters here: its keys and values go in front of the block's own, one projection for both.
-        k, v = attn.keys_values(torch.cat([context, normed], dim=1), rope)  # (batch, kv_heads, ctx + B, head_dim)
-        if store is not None:
-            k, v = store(k, v)  # the new context joins the cached one, the block right after it
+        k, v = attn.keys_values(torch.cat([context, normed], dim=1), rope)  # (b, kv_h, ctx + B, hd)
+        if cache is not None:  # the new context joins the cached one, the block right after it
+            k, v = cache.write(attn.layer_index, slots, k, v)
         block = block + attn.output(attend(q, k, v))  # (batch, heads, B, head_dim) -> (batch, B, hidden)
         return block + self.mlp(self.post_attention_layernorm(block))
 
@@ -79,37 +81,39 @@ class Drafter(nn.Module):
         self.config = config
         self.fc = nn.Linear(len(config.target_layer_ids) * c.hidden_size, c.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
-        self.layers = nn.ModuleList(DrafterLayer(c) for _ in range(c.num_hidden_layers))
+        self.layers = nn.ModuleList(DrafterLayer(c, i) for i in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.rotary = RotaryEmbedding(c.head_dim, c.rope_theta)
         self.recompute_layers = False  # training at scale: keep each layer's inputs, recompute the rest
 
-    def forward(self, target_features: torch.Tensor, block_embeddings: torch.Tensor,
+    def forward(self, features: torch.Tensor, block_embeddings: torch.Tensor,
                 context_positions: torch.Tensor, block_positions: torch.Tensor, *,
                 cache: KVCache | None = None, attend: Attend | None = None,
                 context_slots: torch.Tensor | None = None) -> torch.Tensor:
         """Denoise a block; return the drafter's final hidden states (batch, block, hidden).
 
-        `target_features` (batch, ctx, n_layers * hidden) cover the context not yet in `cache`. Positions
-        ((n,), or (batch, n) in training) are also the slots written, context and block in one write
-        (`context_slots` may move the context's); the caller commits the context it keeps. `attend`
-        defaults to every key up to the block's end.
+        `features` (batch, ctx, n_layers * hidden), the target's, cover the context not yet in
+        `cache`. Positions ((n,), or (batch, n) in training) are also the slots written, context and
+        block in one write (`context_slots` may move the context's); the caller commits the context
+        it keeps. `attend` defaults to every key up to the block's end: eagerly all the keys read.
         """
-        context = self.hidden_norm(self.fc(target_features))  # (batch, ctx, hidden), once per step
-        context_positions = context_positions.expand(*block_positions.shape[:-1], -1)  # ([batch,] ctx): as the block's
-        positions = torch.cat([context_positions, block_positions], dim=-1)  # ([batch,] ctx + B): keys in order
-        if attend is None and cache is None:
-            attend = masked(None)  # a lone block sees all of its context and all of itself
-        elif attend is None:
-            attend = masked(cached_block_mask(cache, positions.shape[-1], block_positions))
-        slots = positions if context_slots is None else torch.cat([context_slots, block_positions])  # (ctx + B,)
-        rope = self.rotary(positions, block_embeddings.dtype)  # cos, sin: ([batch, 1,] ctx + B, head_dim)
+        context = self.hidden_norm(self.fc(features))  # (batch, ctx, hidden), once per step
+        # ([batch,] ctx): the context's positions, batched as the block's
+        context_positions = context_positions.expand(*block_positions.shape[:-1], -1)
+        positions = torch.cat([context_positions, block_positions], dim=-1)  # ([batch,] ctx + B)
+        if attend is None:  # a fixed-shape read also holds slots past the block: the mask hides them
+            fixed = cache is not None and cache.fixed_shape
+            attend = masked(cached_block_mask(cache, positions.shape[-1], block_positions) if fixed
+                            else None)
+        # (ctx + B,): where the context and the block are written
+        slots = positions if context_slots is None else torch.cat([context_slots, block_positions])
+        rope = self.rotary(positions, block_embeddings.dtype)  # cos, sin: ([batch, 1,] ctx + B, hd)
         x = block_embeddings
         recompute = self.recompute_layers and torch.is_grad_enabled()
-        for index, layer in enumerate(self.layers):
-            store = cache.store(index, slots) if cache is not None else None
-            inputs = (x, context, rope, attend, store)
-            x = torch.utils.checkpoint.checkpoint(layer, *inputs, use_reentrant=False) if recompute else layer(*inputs)
+        for layer in self.layers:
+            inputs = (x, context, rope, attend, cache, slots)
+            x = (torch.utils.checkpoint.checkpoint(layer, *inputs, use_reentrant=False) if recompute
+                 else layer(*inputs))
         return self.norm(x)
 
     def new_cache(self, max_length: int, batch: int = 1) -> KVCache:

@@ -89,7 +89,8 @@ class Run:
 
 
 class PhaseClock:
-    """A runner's `clock`: the seconds and calls of each phase, waiting for the GPU before each reading."""
+    """Times a runner's phases (`Timed`): the seconds and calls of each, waiting for the GPU before
+    each reading."""
 
     def __init__(self, device: torch.device, phases: Sequence[str]):
         self.device, self.seconds, self.calls = device, dict.fromkeys(phases, 0.0), dict.fromkeys(phases, 0)
@@ -104,17 +105,62 @@ class PhaseClock:
         self.calls[phase] += 1
 
 
-def drafting_the_truth(runner) -> Callable:
-    """A `draft` for `runner` that hands the target `runner.truth` (n,), the prompt and its greedy continuation, so
-    every block is kept: the ceiling. The real draft pass still runs, for its cost and to keep the drafter's cache
-    in step; with no truth (the warm-up) it drafts as any runner."""
-    real_draft = runner.draft
+class Wrapped:
+    """A runner seen through a wrapper: every attribute is the runner's but what the wrapper defines.
+    Benchmarks time or steer a runner this way, from outside: the runner itself is never changed."""
 
-    def draft(context_features, last_token: int, start: int) -> torch.Tensor:
-        drafts = real_draft(context_features, last_token, start)
-        return drafts if runner.truth is None else runner.truth[start + 1:start + runner.block_size]  # (block - 1,)
+    def __init__(self, runner):
+        self.runner = runner
 
-    return draft
+    def __getattr__(self, name: str):
+        return getattr(self.runner, name)
+
+
+# The runner's methods a loop calls, by the phase of a step they run.
+PHASES = {"decode": "decode", "draft": "draft", "draft_sampled": "draft", "draft_tree": "draft",
+          "verify": "verify", "verify_sampled": "verify", "verify_tree": "verify"}
+
+
+class Timed(Wrapped):
+    """A runner whose passes `clock` times (`with clock(phase):` around each call a loop makes)."""
+
+    def __init__(self, runner, clock: Callable):
+        super().__init__(runner)
+        self.clock = clock
+
+    def __getattr__(self, name: str):
+        method = getattr(self.runner, name)
+        if name not in PHASES:
+            return method
+
+        def timed(*args, **options):
+            with self.clock(PHASES[name]):
+                return method(*args, **options)
+        return timed
+
+
+class Oracle(Wrapped):
+    """A runner whose drafts are `truth` (n,), the prompt and its greedy continuation, so every block is
+    kept: the ceiling. The real draft pass still runs, for its cost and to keep the drafter's cache in
+    step; its logits are then replaced by ones that put all weight on the truth. With no truth (the
+    warm-up) it drafts as the runner does."""
+
+    def __init__(self, runner, truth: torch.Tensor | None = None):
+        super().__init__(runner)
+        self.truth = truth
+
+    def draft(self, features: torch.Tensor, last_token: int) -> torch.Tensor:
+        logits = self.runner.draft(features, last_token)  # (block - 1, vocab)
+        if self.truth is None:
+            return logits
+        start = self.runner.target_cache.length  # of `last_token`
+        return certain_logits(self.truth[start + 1:start + self.runner.block_size], logits.shape[-1])
+
+
+def certain_logits(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Logits (n, vocab) whose argmax, and only likely token, is `tokens` (n,)."""
+    logits = torch.full((len(tokens), vocab), float("-inf"), device=tokens.device)
+    return logits.scatter_(1, tokens[:, None], 0.0)  # (n, vocab)
 
 
 @dataclass
@@ -134,23 +180,26 @@ class Loops:
     engine: ModuleType = field(kw_only=True)
 
     def runner(self, kind: str, block_size: int | None):
-        """A loop's `ModelRunner`, built on first use: its caches and buffers then serve every call."""
+        """A loop's `ModelRunner` (the oracle's wrapped in `Oracle`), built on first use: its caches and
+        buffers then serve every call."""
         if (kind, block_size) not in self.runners:
             budget = int(kind.removeprefix("tree ")) if kind.startswith("tree ") else 0
             runner = self.engine.ModelRunner(self.target, None if kind == "plain" else self.drafter,
                                              block_size=block_size, tree_budget=budget,
                                              max_length=self.max_length + budget + 1, **self.runner_options)
-            if kind == "oracle":
-                runner.truth, runner.draft = None, drafting_the_truth(runner)
-            self.runners[kind, block_size] = runner
+            self.runners[kind, block_size] = Oracle(runner) if kind == "oracle" else runner
         return self.runners[kind, block_size]
 
     def run(self, kind: str, block_size: int | None, prompt: BenchPrompt, temperature: float | Sampling,
-            max_new_tokens: int | None = None, *, stop: bool = True, policy: str = "greedy") -> Generation:
-        """One call of a loop, with the seed, limit and first-token choices of every other."""
+            max_new_tokens: int | None = None, *, stop: bool = True, policy: str = "greedy",
+            clock: PhaseClock | None = None) -> Generation:
+        """One call of a loop, with the seed, limit and first-token choices of every other; its phases
+        timed by `clock`, if given."""
+        runner = self.runner(kind, block_size)
         options = dict(sampling=as_sampling(temperature), stop_ids=self.stop_ids if stop else (),
                        generator=torch.Generator(self.target.embed_tokens.weight.device).manual_seed(self.seed),
-                       runner=self.runner(kind, block_size), first_token_choices=prompt.first_token_choices)
+                       runner=runner if clock is None else Timed(runner, clock),
+                       first_token_choices=prompt.first_token_choices)
         args = (prompt.ids, max_new_tokens or self.max_new_tokens)
         if kind == "plain":
             return self.engine.generate_autoregressive(self.target, *args, **options)
@@ -162,14 +211,13 @@ class Loops:
     def measure(self, kind: str, block_size: int | None, prompt: BenchPrompt, temperature: float | Sampling,
                 truth: list[int] | None = None, policy: str = "greedy") -> Run:
         """Run a loop twice, clean then phase-timed; check the reply. The oracle drafts `truth`, the greedy reply."""
-        runner = self.runner(kind, block_size)
-        if kind == "oracle":
-            runner.truth = torch.tensor(prompt.ids + truth, device=self.target.embed_tokens.weight.device)
+        if kind == "oracle":  # the wrapper's truth: the runner itself is not changed
+            self.runner(kind, block_size).truth = torch.tensor(prompt.ids + truth,
+                                                               device=self.target.embed_tokens.weight.device)
         result = self.run(kind, block_size, prompt, temperature, policy=policy)
         phases = ["decode"] if kind == "plain" else ["draft", "verify"]
-        runner.clock = clock = PhaseClock(self.target.embed_tokens.weight.device, phases)
-        timed = self.run(kind, block_size, prompt, temperature, policy=policy)
-        runner.clock = None
+        clock = PhaseClock(self.target.embed_tokens.weight.device, phases)
+        timed = self.run(kind, block_size, prompt, temperature, policy=policy, clock=clock)
         correct = final_number(self.decode(result.new_ids)) == prompt.answer if prompt.answer and self.decode else None
         return Run(result, timed, clock.seconds, clock.calls, correct)
 

@@ -13,6 +13,7 @@ from typing import Callable, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.attention.bias import causal_lower_right
 
 from dflash import checkpoint
 
@@ -100,31 +101,33 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 Rope = tuple[torch.Tensor, torch.Tensor]  # cos and sin at a chunk's positions, (..., seq, head_dim) each
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-"""How a pass's queries read keys: (q, k, v) -> heads, knowing which keys each query may see. One per pass,
-shared by its layers. Three exist: `masked` below (SDPA under a boolean mask, the default everywhere),
-`filled_blocks` (dflash/flex_reads.py: FlexAttention visiting only a long cache's filled key blocks) and
-`AnchoredBlocks.attend` (dflash/train_kernels.py: training's blocks, skipping the keys they may not see)."""
-Store = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-"""A layer's way into its KV cache (`KVCache.store`): the chunk's k, v in; every key and value to read out."""
+"""How a pass's queries read keys: (q, k, v) -> heads, knowing which keys each query may see. One per
+pass, shared by its layers. Three exist: `masked` below (SDPA, the default everywhere),
+`filled_blocks` (dflash/flex_reads.py: FlexAttention visiting only a long cache's filled key blocks)
+and `AnchoredBlocks.attend` (dflash/train_kernels.py: training's blocks, skipping hidden keys)."""
 
 
-def masked(mask: torch.Tensor | None) -> Attend:
-    """Attention under `mask` (..., seq or 1, keys), True where a query may look (None: everywhere).
+def masked(mask) -> Attend:
+    """SDPA under `mask`: a boolean tensor (..., seq or 1, keys), True where a query may look; a causal
+    bias (`causal_lower_right`); or None, every key. The last two keep SDPA's fused kernels open,
+    which a boolean mask may close.
 
     Query head h reads key/value head h // (heads // kv_heads): SDPA's `enable_gqa` does that
     without copying keys and values. q (batch, heads, seq, d), k, v (batch, kv_heads, keys, d).
+    The attention function is SDPA itself with the mask bound (no wrapper of ours in between).
     """
-    return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
+    return functools.partial(F.scaled_dot_product_attention, attn_mask=mask, enable_gqa=True)
 
 
 class Attention(nn.Module):
     """Grouped-query attention with Qwen3's per-head RMSNorm on queries and keys, in three parts (`queries`,
     `keys_values`, `output`): the drafter projects the target's context with these weights."""
 
-    def __init__(self, config: Qwen3Config):
+    def __init__(self, config: Qwen3Config, layer_index: int = 0):
         super().__init__()
         c = config
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        self.layer_index = layer_index  # which layer's keys and values it writes in a KVCache
         self.q_proj = nn.Linear(c.hidden_size, c.num_attention_heads * c.head_dim, bias=c.attention_bias)
         self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=c.attention_bias)
         self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=c.attention_bias)
@@ -132,28 +135,29 @@ class Attention(nn.Module):
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
 
-    def split_heads(self, x: torch.Tensor, num_heads: int) -> torch.Tensor:
-        batch, seq, _ = x.shape
-        return x.view(batch, seq, num_heads, self.head_dim).transpose(1, 2)  # (batch, heads, seq, head_dim)
-
     def queries(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
-        q = self.split_heads(self.q_proj(x), self.num_heads)  # (batch, heads, seq, head_dim)
-        return apply_rope(self.q_norm(q), *rope)
+        batch, seq, _ = x.shape
+        q = self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim)  # (batch, seq, heads, head_dim)
+        return apply_rope(self.q_norm(q.transpose(1, 2)), *rope)  # (batch, heads, seq, head_dim)
 
     def keys_values(self, x: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
-        k = self.split_heads(self.k_proj(x), self.num_kv_heads)  # (batch, kv_heads, seq, head_dim)
-        v = self.split_heads(self.v_proj(x), self.num_kv_heads)  # (batch, kv_heads, seq, head_dim)
-        return apply_rope(self.k_norm(k), *rope), v
+        batch, seq, _ = x.shape
+        k = self.k_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)  # (batch, seq, kv_heads, hd)
+        v = self.v_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)  # (batch, seq, kv_heads, hd)
+        return apply_rope(self.k_norm(k.transpose(1, 2)), *rope), v.transpose(1, 2)  # (b, kv_h, seq, hd)
 
     def output(self, heads: torch.Tensor) -> torch.Tensor:
         batch, _, seq, _ = heads.shape  # heads: (batch, heads, seq, head_dim)
         return self.o_proj(heads.transpose(1, 2).reshape(batch, seq, -1))  # (batch, seq, heads * head_dim) -> hidden
 
-    def forward(self, x: torch.Tensor, rope: Rope, attend: Attend, store: "Store | None") -> torch.Tensor:
+    def forward(self, x: torch.Tensor, rope: Rope, attend: Attend, cache: "KVCache | None",
+                slots: torch.Tensor | None) -> torch.Tensor:
+        """x (batch, seq, hidden); with a `cache`, the chunk's keys and values are written at `slots`
+        (seq,) and attention reads every key the cache hands back."""
         q = self.queries(x, rope)
         k, v = self.keys_values(x, rope)
-        if store is not None:
-            k, v = store(k, v)  # the chunk joins the cache; every key and value to read comes back
+        if cache is not None:
+            k, v = cache.write(self.layer_index, slots, k, v)
         return self.output(attend(q, k, v))
 
 
@@ -173,15 +177,16 @@ class MLP(nn.Module):
 class DecoderLayer(nn.Module):
     """Pre-norm attention and pre-norm MLP, each added back to the residual stream."""
 
-    def __init__(self, config: Qwen3Config):
+    def __init__(self, config: Qwen3Config, layer_index: int = 0):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = Attention(config)
+        self.self_attn = Attention(config, layer_index)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config.hidden_size, config.intermediate_size)
 
-    def forward(self, x: torch.Tensor, rope: Rope, attend: Attend, store: "Store | None") -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, attend, store)
+    def forward(self, x: torch.Tensor, rope: Rope, attend: Attend, cache: "KVCache | None",
+                slots: torch.Tensor | None) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), rope, attend, cache, slots)
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -221,16 +226,12 @@ class KVCache:
         return self.read_limit if self.fixed_shape else self.length + chunk
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """Store a chunk's k, v (batch, kv_heads, seq, head_dim) at `slots` (seq,), right after the committed
-        ones; return the `keys_to_read(seq)` first slots of the layer's keys and values."""
+        """Store a chunk's k, v (batch, kv_heads, seq, head_dim) at `slots` (seq,), right after the
+        committed ones; return the `keys_to_read(seq)` first slots of the layer's keys and values."""
         self.keys[layer].index_copy_(2, slots, k)
         self.values[layer].index_copy_(2, slots, v)
         num_keys = self.keys_to_read(len(slots))
         return self.keys[layer][:, :, :num_keys], self.values[layer][:, :, :num_keys]
-
-    def store(self, layer: int, slots: torch.Tensor) -> "Store":
-        """What layer `layer` of a pass calls with its chunk's keys and values: `write` at `slots`."""
-        return functools.partial(self.write, layer, slots)
 
     def compact(self, sources: torch.Tensor, first: int) -> None:
         """Move a draft tree's accepted path from `sources` (n,) to first..first+n-1 (gathered first: may overlap)."""
@@ -266,6 +267,20 @@ def causal_mask(positions: torch.Tensor, num_keys: int, key_padding: torch.Tenso
     return mask
 
 
+def default_causal_mask(positions: torch.Tensor, cache: KVCache | None, key_padding: torch.Tensor | None,
+                        after_the_committed: bool):
+    """The mask of a forward given no attention: queries at `positions` (seq,) read the committed keys
+    and themselves, causally. Where they are the last of the keys read (`after_the_committed`, no
+    padding, no fixed-shape read), a causal bias aligned to the lower right says so, which SDPA's fused
+    kernels take; otherwise a boolean mask (`causal_mask`)."""
+    seq = len(positions)
+    num_keys = cache.keys_to_read(seq) if cache is not None else seq
+    committed = cache.length if cache is not None else 0
+    if after_the_committed and key_padding is None and num_keys == committed + seq:
+        return causal_lower_right(seq, num_keys)
+    return causal_mask(positions, num_keys, key_padding)
+
+
 def tree_mask_over_cache(slots: torch.Tensor, tree_mask: torch.Tensor, num_keys: int) -> torch.Tensor:
     """True where query i of a chunk written at `slots` (seq,) may attend to key slot j.
 
@@ -295,7 +310,7 @@ class Qwen3(nn.Module):
         super().__init__()
         self.config = config
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config) for _ in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
         tied = config.tie_word_embeddings  # then the logits use embed_tokens.weight
@@ -308,36 +323,41 @@ class Qwen3(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Project normed hidden states (..., hidden) onto the vocabulary (..., vocab)."""
-        return F.linear(hidden, self.head_weight)
+        head = self.embed_tokens if self.lm_head is None else self.lm_head  # as `head_weight`
+        return F.linear(hidden, head.weight)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None, cache: KVCache | None = None,
-                *, capture_layers: Sequence[int] = (), attend: Attend | None = None, slots: torch.Tensor | None = None,
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None,
+                cache: KVCache | None = None, *, capture_layers: Sequence[int] = (),
+                attend: Attend | None = None, slots: torch.Tensor | None = None,
                 key_padding: torch.Tensor | None = None,
                 last_layer: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Run input_ids (batch, seq); return the normed hidden states and `capture_layers`' outputs side by side.
+        """Run input_ids (batch, seq); return the normed hidden states and `capture_layers`' outputs
+        side by side.
 
-        `positions` (seq,) are also the cache slots written, by default right after what the cache has
-        committed (the forward never commits). `attend` defaults to causal attention over the cache
-        (`key_padding` (batch, keys), True for real tokens, hides a batch's left padding); a draft tree
-        passes its own, and writes token i at `slots[i]`. `last_layer` stops early, its output then not normed.
+        `positions` (seq,) are also the cache slots written, by default right after what the cache
+        has committed (the forward never commits). `attend` defaults to causal attention over the
+        cache (`key_padding` (batch, keys), True for real tokens, hides a batch's left padding); a
+        draft tree passes its own, and writes token i at `slots[i]`. `last_layer` stops early, its
+        output then not normed.
         """
-        batch, seq = input_ids.shape
+        after_the_committed = positions is None
         if positions is None:
             start = cache.length if cache is not None else 0
-            positions = torch.arange(start, start + seq, device=input_ids.device)
+            positions = torch.arange(start, start + input_ids.shape[1], device=input_ids.device)
         if attend is None:
-            attend = masked(causal_mask(positions, cache.keys_to_read(seq) if cache is not None else seq, key_padding))
+            attend = masked(default_causal_mask(positions, cache, key_padding, after_the_committed))
         slots = positions if slots is None else slots
         x = self.embed_tokens(input_ids)  # (batch, seq, hidden)
         rope = self.rotary(positions, x.dtype)  # cos, sin: (seq, head_dim) each
-        captured = {}
+        captured = [None] * len(capture_layers)  # only these are kept: a long prefill holds no other
         for index, layer in enumerate(self.layers if last_layer is None else self.layers[:last_layer + 1]):
-            x = layer(x, rope, attend, cache.store(index, slots) if cache is not None else None)
+            x = layer(x, rope, attend, cache, slots)
             if index == len(self.layers) - 1:
                 x = self.norm(x)  # the official hidden_states[-1] is after the final norm
-            if index in capture_layers:  # only these are kept alive: a long prefill holds no other layer's output
-                captured[index] = x
-        features = torch.cat([captured[i] for i in capture_layers], dim=-1) if capture_layers else None
+            for slot, wanted in enumerate(capture_layers):  # a layer may be asked for twice
+                if wanted == index:
+                    captured[slot] = x
+        features = torch.cat(captured, dim=-1) if capture_layers else None
         return x, features  # (batch, seq, hidden), (batch, seq, n * hidden)
 
     def new_cache(self, max_length: int, batch: int = 1) -> KVCache:

@@ -9,6 +9,7 @@ from safetensors.torch import load_file
 from dflash.drafter import Drafter, DrafterConfig
 from dflash.qwen3 import Qwen3
 from tests.reference import as_the_reference_was_made, logits_of
+from dflash.measure import Wrapped, certain_logits
 from generate import ModelRunner, argmax, decode_pass, generate_autoregressive, generate_dflash
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -31,27 +32,28 @@ def random_drafter(target: Qwen3, block_size: int, seed: int = 0, num_layers: in
     return drafter.eval()
 
 
-def oracle(runner: ModelRunner, truth: list[int], wrong_at=lambda position: False) -> list[list[bool]]:
-    """Make `runner` draft the target's own greedy continuation `truth` (prompt included).
+def oracle(runner: ModelRunner, truth: list[int], wrong_at=lambda position: False):
+    """`runner`, wrapped to draft the target's own greedy continuation `truth` (prompt included).
 
     The real draft pass still runs (it keeps the drafter cache in step); its guesses
     are then replaced by the truth, except at positions where `wrong_at` says to
-    guess wrong. Returns the list that records which slots were right, per step.
+    guess wrong. Returns the wrapped runner and the list that records which slots
+    were right, per step.
     """
-    real_draft, record, vocab = runner.draft, [], runner.target.config.vocab_size
+    record, vocab = [], runner.target.config.vocab_size
 
-    def draft(context_features, last_token, start):
-        real_draft(context_features, last_token, start)
-        guesses, right = [], []
-        for position in range(start + 1, start + runner.block_size):
-            true = truth[position]
-            guesses.append((true + 1) % vocab if wrong_at(position) else true)
-            right.append(guesses[-1] == true)
-        record.append(right)
-        return torch.tensor(guesses)
+    class Guessing(Wrapped):
+        def draft(self, features, last_token):
+            runner.draft(features, last_token)
+            start, guesses, right = runner.target_cache.length, [], []
+            for position in range(start + 1, start + runner.block_size):
+                true = truth[position]
+                guesses.append((true + 1) % vocab if wrong_at(position) else true)
+                right.append(guesses[-1] == true)
+            record.append(right)
+            return certain_logits(torch.tensor(guesses), vocab)
 
-    runner.draft = draft
-    return record
+    return Guessing(runner), record
 
 
 @pytest.fixture(scope="module")
@@ -108,7 +110,7 @@ def test_oracle_drafts_commit_many_tokens_and_change_nothing(tiny_pair, block_si
     prompt, new = prompt_of(7, target.config.vocab_size), 30
     truth = prompt + generate_autoregressive(target, prompt, new + block_size).new_ids
     runner = ModelRunner(target, drafter, max_length=len(prompt) + new + block_size, block_size=block_size)
-    oracle(runner, truth, wrong_at=lambda position: position % 7 == 3)
+    runner, _ = oracle(runner, truth, wrong_at=lambda position: position % 7 == 3)
     flags = []
     result = generate_dflash(target, drafter, prompt, new, runner=runner,
                              on_token=lambda token, drafted: flags.append(drafted))
@@ -123,7 +125,7 @@ def test_perfect_drafts_commit_whole_blocks(tiny_pair):
     prompt, new, block_size = prompt_of(7, target.config.vocab_size), 32, 8
     truth = prompt + generate_autoregressive(target, prompt, new + block_size).new_ids
     runner = ModelRunner(target, drafter, max_length=len(prompt) + new + block_size, block_size=block_size)
-    oracle(runner, truth)
+    runner, _ = oracle(runner, truth)
     flags = []
     result = generate_dflash(target, drafter, prompt, new, runner=runner,
                              on_token=lambda token, drafted: flags.append(drafted))
@@ -140,7 +142,7 @@ def test_stops_mid_block_at_a_stop_token(sharded_pair):
     cut = next(i for i in range(len(new_ids)) if new_ids[i] not in new_ids[:i] and i % block_size in range(2, 7))
     stop = new_ids[cut]  # first seen at a drafted slot, inside a block
     runner = ModelRunner(target, drafter, max_length=len(prompt) + 24 + block_size, block_size=block_size)
-    oracle(runner, truth)
+    runner, _ = oracle(runner, truth)
     streamed = []
     result = generate_dflash(target, drafter, prompt, 24, runner=runner, stop_ids=[stop],
                              on_token=lambda token, drafted: streamed.append(token))
@@ -156,11 +158,11 @@ def test_trimming_never_leaks_a_rejected_token(sharded_pair):
     runner = ModelRunner(target, drafter, max_length=40)
     first, features = runner.prefill(torch.tensor([prompt]), 0.0, None)
     n = len(prompt)
-    runner.draft(features, first, n)
-    target_tokens, _ = runner.verify(torch.full((runner.block_size - 1,), 5), 0.0, None)  # garbage drafts at n+1...
+    runner.draft(features, first)
+    target_tokens, _ = runner.verify(torch.full((runner.block_size - 1,), 5))  # garbage drafts at n+1...
     bonus = target_tokens[0].item()  # the target's token after `first`: drafts all rejected
-    runner.target_cache.extend(1)  # commit `first` alone
-    cached = decode_pass(target, runner.target_cache, torch.tensor([[bonus]]), torch.tensor([n + 1]), False)
+    runner.commit(1)  # commit `first` alone
+    cached = decode_pass(target, runner.target_cache, torch.tensor([[bonus]]), torch.tensor([n + 1]))
     committed = torch.tensor([prompt + [first, bonus]])  # (1, n + 2)
     fresh = logits_of(target, committed)[:, -1]  # (1, vocab): no cache at all
     assert (cached - fresh).abs().max() <= 1e-5

@@ -60,9 +60,8 @@ def test_greedy_chain_and_plain_loop_equal_eager(pair, runners):
         assert generate_autoregressive(target, prompt, NEW, runner=runner).new_ids == truth[length:][:NEW]
         results = []
         for each in (runner, eager_runner):  # the real draft pass runs; the oracle then sets its guesses
-            oracle(each, truth, wrong_at)
-            results.append(generate_dflash(target, drafter, prompt, NEW, runner=each))
-            del each.draft
+            guessing, _ = oracle(each, truth, wrong_at)
+            results.append(generate_dflash(target, drafter, prompt, NEW, runner=guessing))
         compiled, eager = results
         assert compiled.new_ids == eager.new_ids == truth[length:][:NEW]
         assert compiled.acceptance_lengths == eager.acceptance_lengths
@@ -78,15 +77,15 @@ def test_compiled_passes_compute_the_eager_logits_and_features(pair, runners):
     runner.prefill(prompt, 0.0, None)
     block = torch.tensor([prompt[:runner.block_size]])  # (1, block): any tokens
     positions = runner.block_offsets + runner.target_cache.length  # (block,)
-    arguments = (target, runner.target_cache, block, positions, False)
-    eager_logits, eager_features = PASSES["verify"](*arguments, layer_ids=runner.layer_ids)
-    logits, features = runner.passes["verify"](*arguments, layer_ids=runner.layer_ids)
+    arguments = (target, runner.target_cache, block, positions, runner.layer_ids)
+    eager_logits, eager_features = PASSES["verify"](*arguments)
+    logits, features = runner.run("verify", runner.target_cache, *arguments)
     torch.testing.assert_close(logits, eager_logits, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(features, eager_features, rtol=1e-4, atol=1e-4)
     token, position = block[:, :1], positions[:1]  # (1, 1), (1,)
-    decode_logits = runner.passes["decode"](target, runner.target_cache, token, position, False)
-    torch.testing.assert_close(decode_logits, PASSES["decode"](target, runner.target_cache, token, position, False),
-                               rtol=1e-4, atol=1e-4)
+    arguments = (target, runner.target_cache, token, position)
+    decode_logits = runner.run("decode", runner.target_cache, *arguments)
+    torch.testing.assert_close(decode_logits, PASSES["decode"](*arguments), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("policy", ["greedy", "sampled"])

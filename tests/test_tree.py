@@ -20,6 +20,7 @@ from dflash import measure
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
 from dflash.tree import DraftTree, ancestor_mask, ancestor_mask_by_solve, build_tree, path_slots, verify_inputs, walk
+from dflash.measure import Wrapped
 from generate import ModelRunner, decode_pass, generate_autoregressive, generate_dflash, generate_dflash_tree
 from tests.test_compile import CountingBackend, no_recompiles  # noqa: F401 (a fixture)
 from tests.test_cuda_graph_rules import OverwriteEarlierOutputs
@@ -148,16 +149,16 @@ def pairs():
     }
 
 
-def recording_paths(runner: ModelRunner) -> list[list[int]]:
-    """Make `runner` record every path it keeps."""
-    paths, keep_path = [], runner.keep_path
+def recording_paths(runner: ModelRunner):
+    """`runner`, wrapped to record every path it keeps; and the list of those paths."""
+    paths = []
 
-    def keep(path):
-        paths.append(list(path))
-        return keep_path(path)
+    class Recording(Wrapped):
+        def commit_path(self, path):
+            paths.append(list(path))
+            return runner.commit_path(path)
 
-    runner.keep_path = keep
-    return paths
+    return Recording(runner), paths
 
 
 @pytest.mark.parametrize("pair_name", ["fixtures", "demo"])
@@ -166,7 +167,7 @@ def test_greedy_tree_equals_autoregressive(pairs, pair_name, budget):
     target, drafter = pairs[pair_name]
     new, block_size = 24, drafter.config.block_size
     runner = ModelRunner(target, drafter, max_length=40 + new + max(block_size, budget + 1), tree_budget=budget)
-    paths = recording_paths(runner)
+    runner, paths = recording_paths(runner)
     for prompt_length in (1, 7, 40):
         prompt = prompt_of(prompt_length, target.config.vocab_size)
         expected = generate_autoregressive(target, prompt, new).new_ids
@@ -231,7 +232,7 @@ def test_after_compaction_the_next_logits_are_a_fresh_runs(pairs):
     runner = ModelRunner(target, drafter, max_length=48, tree_budget=budget)
     first, features = runner.prefill(torch.tensor([prompt]), 0.0, None)
     n = len(prompt)
-    runner.draft_tree(features, first, n)  # keeps the drafter in step; its guesses are replaced:
+    runner.draft_tree(features, first)  # keeps the drafter in step; its guesses are replaced:
     # at every depth the truth is the second choice, so the true path runs through second children.
     wrong = lambda token: (token + 1) % target.config.vocab_size  # noqa: E731
     candidates = [[wrong(truth[n + d]), truth[n + d]] for d in range(1, 5)]
@@ -239,11 +240,11 @@ def test_after_compaction_the_next_logits_are_a_fresh_runs(pairs):
     target_tokens = runner.verify_tree(tree, 0.0, None).tolist()
     path = walk(tree, target_tokens)
     assert len(path) == 5 and path != list(range(5))  # four drafts kept, from scattered slots
-    context = runner.keep_path(path)
+    context = runner.commit_path(path)
     assert [target_tokens[node] for node in path] == truth[n + 1:n + 6]  # four drafts and the bonus
     assert runner.target_cache.length == n + 5  # the prompt, the root and the four drafts
     bonus = torch.tensor([[truth[n + 5]]])
-    cached = decode_pass(target, runner.target_cache, bonus, torch.tensor([n + 5]), False)  # (1, vocab)
+    cached = decode_pass(target, runner.target_cache, bonus, torch.tensor([n + 5]))  # (1, vocab)
     hidden, fresh_features = target(torch.tensor([truth[:n + 6]]), capture_layers=drafter.config.target_layer_ids)
     assert (cached - target.logits(hidden[:, -1])).abs().max() <= 1e-5
     # The drafter's next context: the features of the root and the kept path, in order.
@@ -299,10 +300,9 @@ def test_greedy_tree_equals_the_plain_loop_under_the_cuda_graph_rule(pairs):
     torch._dynamo.reset()
     target, drafter = pairs["demo"]
     new, budget = 24, 16
-    runner = ModelRunner(target, drafter, max_length=31 + new + budget + 1, tree_budget=budget, compile=True,
-                         backend=CountingBackend())
     rule = OverwriteEarlierOutputs()
-    runner.passes = {name: rule.wrap(run) for name, run in runner.passes.items()}
+    runner = ModelRunner(target, drafter, max_length=31 + new + budget + 1, tree_budget=budget, compile=True,
+                         backend=rule)
     for prompt_length in (1, 6, 31):
         prompt = prompt_of(prompt_length, target.config.vocab_size)
         eager = generate_dflash_tree(target, drafter, prompt, new, budget=budget)
