@@ -401,11 +401,13 @@ def generate_dflash(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int], 
     last, features = runner.prefill(prompt_ids, sampling, generator, first_token_choices)  # (1, n, F)
     output.commit([last], step=False)  # committed, but not yet in the target's cache
     while not output.done:
-        if greedy:
-            drafts = argmax(runner.draft(features, last))  # (block - 1,): the drafter's likeliest
-            target_tokens, features = runner.verify(drafts)  # (block,), (1, block, F)
-        else:
+        if sampled:  # (block - 1,) drafts, some drawn from the drafter's q (sampled, vocab)
             drafts, draft_probs = runner.draft_sampled(features, last, sampling, sampled, generator)
+        else:
+            drafts, draft_probs = argmax(runner.draft(features, last)), None  # the drafter's likeliest
+        if greedy:  # (block,) tokens the target picks, (1, block, F) features
+            target_tokens, features = runner.verify(drafts)
+        else:
             target_tokens, features = runner.verify_sampled(drafts, draft_probs, sampling, generator)
         both = torch.cat([drafts, target_tokens]).tolist()  # the one host sync of the step
         drafts, target_tokens = both[:block_size - 1], both[block_size - 1:]

@@ -30,14 +30,15 @@ from bench_common import least_time  # noqa: E402
 from dflash.cli import OneLineErrors, check_output, checked, positive_int, run_cli  # noqa: E402
 from dflash.drafter import Drafter  # noqa: E402
 from dflash.qwen3 import Qwen3  # noqa: E402
+from dflash.sampling import Sampling  # noqa: E402
 
 
 def runner_at(target: Qwen3, drafter: Drafter, tokens: int, context: int, compiled: bool) -> generate.ModelRunner:
     """A runner for blocks of `tokens`, its caches filled with a `context`-token prompt and its first draft."""
     runner = generate.ModelRunner(target, drafter, max_length=context + 64, block_size=tokens, compile=compiled)
     prompt = torch.randint(0, target.config.vocab_size - 2, (context,), generator=torch.Generator().manual_seed(0))
-    first, features = runner.prefill(prompt, 0.0, None)
-    runner.draft(features, first, context)  # eager: the drafter's cache takes the prompt
+    first, features = runner.prefill(prompt, Sampling(), None)
+    runner.draft(features, first)  # eager: the drafter's cache takes the prompt
     return runner
 
 
@@ -45,13 +46,14 @@ def pass_calls(runner: generate.ModelRunner, tokens: int, context: int, label: s
     """The verify and draft passes of a steady-state step (half the last block accepted), each leaving the caches
     as it found them, so that every call costs the same."""
     drafts = torch.arange(1, tokens)  # (tokens - 1,): any ids
-    drafter_length = runner.drafter_cache.length = context - tokens // 2  # the accepted half is not in it yet
+    kept = tokens // 2  # the accepted half of the last block: the next draft's new context
+    drafter_length = runner.drafter_cache.length = context - kept  # the kept half is not in it yet
 
     def draft():
-        runner.draft(runner.features, 1, context)
+        runner.draft(runner.features[:, :kept], 1)
         runner.drafter_cache.length = drafter_length  # undo its commit
 
-    return {f"{label} verify {tokens}": lambda: runner.verify(drafts, 0.0, None), f"{label} draft {tokens}": draft}
+    return {f"{label} verify {tokens}": lambda: runner.verify(drafts), f"{label} draft {tokens}": draft}
 
 
 def fit_line(points: Sequence[tuple[int, float]]) -> tuple[float, float]:

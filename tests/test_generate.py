@@ -44,8 +44,8 @@ def oracle(runner: ModelRunner, truth: list[int], wrong_at=lambda position: Fals
 
     class Guessing(Wrapped):
         def draft(self, features, last_token):
-            runner.draft(features, last_token)
-            start, guesses, right = runner.target_cache.length, [], []
+            self.runner.draft(features, last_token)
+            start, guesses, right = self.runner.target_cache.length, [], []
             for position in range(start + 1, start + runner.block_size):
                 true = truth[position]
                 guesses.append((true + 1) % vocab if wrong_at(position) else true)

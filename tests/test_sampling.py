@@ -14,6 +14,7 @@ import torch
 
 from dflash.qwen3 import Qwen3, Qwen3Config
 from dflash.sampling import Sampling, draw, sampling_of
+from dflash.measure import Wrapped, certain_logits
 from generate import ModelRunner, generate_autoregressive, generate_dflash, sample
 from tests.reference import logits_of
 from tests.test_generate import random_drafter
@@ -67,22 +68,23 @@ def chi_square_p_value(counts: torch.Tensor, probabilities: torch.Tensor) -> flo
 
 
 def greedy_oracle(runner, target):
-    """Make `runner` draft the greedy continuation of what was committed so far."""
-    real_draft, committed, greedy = runner.draft, [], {}
+    """`runner`, wrapped to draft the greedy continuation of what was committed so far; and the list
+    the caller fills with the committed tokens."""
+    committed, greedy = [], {}
     for length in (1, 2):  # the greedy next token after every possible 1- and 2-token start
         prefixes = list(itertools.product(range(VOCAB), repeat=length))
         best = next_token_probabilities(target, prefixes, 1.0).argmax(dim=-1).tolist()
         greedy.update(zip(prefixes, best))
 
-    def draft(context_features, last_token, start):
-        real_draft(context_features, last_token, start)
-        guess = tuple(committed)
-        for _ in range(BLOCK - 1):
-            guess += (greedy.get(guess, 0),)
-        return torch.tensor(guess[len(committed):])
+    class Greedy(Wrapped):
+        def draft(self, features, last_token):
+            logits = self.runner.draft(features, last_token)
+            guess = tuple(committed)
+            for _ in range(BLOCK - 1):
+                guess += (greedy.get(guess, 0),)
+            return certain_logits(torch.tensor(guess[len(committed):]), logits.shape[-1])
 
-    runner.draft = draft
-    return committed
+    return Greedy(runner), committed
 
 
 def sample_counts(generate, samples=SAMPLES):
@@ -105,7 +107,7 @@ def test_dflash_sampling_follows_the_target(target):
     drafter = random_drafter(target, block_size=BLOCK, num_layers=1)
     generator = torch.Generator().manual_seed(2)
     runner = ModelRunner(target, drafter, max_length=len(PROMPT) + 3 + BLOCK)
-    committed = greedy_oracle(runner, target)
+    runner, committed = greedy_oracle(runner, target)
     lengths = []
 
     def generate():
@@ -254,14 +256,13 @@ def test_the_q_rule_on_argmax_drafts_is_biased_and_the_test_sees_it(target):
     drafter = random_drafter(target, block_size=BLOCK, num_layers=1)
     generator = torch.Generator().manual_seed(4)
     runner = ModelRunner(target, drafter, max_length=len(PROMPT) + 3 + BLOCK)
-    honest_draft = runner.draft_sampled
 
-    def argmax_draft(*args):
-        drafts = honest_draft(*args)
-        drafts.copy_(runner.draft_probs.argmax(dim=-1))  # the likeliest token, still judged against q
-        return drafts
+    class ArgmaxDrafts(Wrapped):
+        def draft_sampled(self, *args):
+            drafts, draft_probs = self.runner.draft_sampled(*args)
+            return draft_probs.argmax(dim=-1), draft_probs  # the likeliest token, still judged against q
 
-    runner.draft_sampled = argmax_draft
+    runner = ArgmaxDrafts(runner)
     counts = sample_counts(lambda: generate_dflash(target, drafter, PROMPT, 3, sampling=sampling,
                                                    draft_policy="sampled", generator=generator, runner=runner).new_ids)
     assert chi_square_p_value(counts, exact_joint(target, sampling)) < 1e-3

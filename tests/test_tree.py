@@ -156,7 +156,7 @@ def recording_paths(runner: ModelRunner):
     class Recording(Wrapped):
         def commit_path(self, path):
             paths.append(list(path))
-            return runner.commit_path(path)
+            return self.runner.commit_path(path)
 
     return Recording(runner), paths
 
