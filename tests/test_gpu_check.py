@@ -1,21 +1,95 @@
-"""The GPU check runs end to end at tiny sizes on the CPU (its `--cpu-smoke` mode), as CI can."""
+"""The GPU check at tiny sizes on the CPU (its `--cpu-smoke` mode), as CI can run it: a section that
+fails leaves every other section's figures in report.json, and the deadline skips sections and says so."""
 
 import json
+import math
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import torch
+
+import gpu_check
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_cpu_smoke_run_writes_a_passing_report(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), "--out", str(tmp_path),
-                           "--cpu-smoke"], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+def recompiling_section(check):
+    """A section that fails as a real one may: a recompile under `error_on_recompile`."""
+    torch._dynamo.config.error_on_recompile = True
+    double = torch.compile(lambda x: 2 * x, backend="eager", dynamic=False)
+    double(torch.ones(2))
+    double(torch.ones(3))  # a new shape: a recompile, made an error
+
+
+def smoke_args(tmp_path, *options):
+    return gpu_check.build_parser().parse_args(["--out", str(tmp_path), "--cpu-smoke", *options])
+
+
+def test_a_failing_section_leaves_the_other_sections_figures(tmp_path, monkeypatch):
+    monkeypatch.setitem(gpu_check.SECTIONS, "recompiles", recompiling_section)
+    tf32 = gpu_check.tf32_state()
+    sections = "parity,recompiles,lossless,sdpa,host_loop,step_costs,training"
+    status = gpu_check.main(smoke_args(tmp_path, "--sections", sections))
+    assert status == 1  # a failed section fails the run...
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert list(report["sections"]) == sections.split(",")
+    failed = report["sections"]["recompiles"]
+    assert failed["status"] == "failed" and failed["error_type"].endswith("RecompileError")
+    assert "recompiling_section" in failed["traceback"] and failed["compile"]["graphs"] == 1
+    # ... and every section after it ran, the compiled ones included (dynamo was reset after the failure).
+    results = {name: entry["result"] for name, entry in report["sections"].items() if name != "recompiles"}
+    assert all(report["sections"][name]["status"] == "ok" for name in results)
+    assert results["parity"]["passed"] and results["lossless"]["all identical"]
+    assert report["sections"]["lossless"]["compile"]["graphs"] > 0
+    assert report["sections"]["lossless"]["compile"]["recompiles"] == 0
+    calls = results["sdpa"]["calls"]
+    assert {"eager", "fixed shape"} == set(calls)
+    passes = {call["pass"] for call in calls["fixed shape"]}
+    assert {"plain: decode", "chain: draft", "chain: verify", "tree: verify"} <= passes
+    assert all(call["backend"]["chosen"] in ("flash_attention", "math") for call in calls["eager"])
+    loop = results["host_loop"]
+    assert loop["steps"] > 0 and set(loop["device ms per step"]) == {"draft", "verify"}
+    assert math.isfinite(loop["host ms per step"])
+    row = results["step_costs"]["rows"][0]
+    assert row["plain tokens/s"] > 0 and set(row["verify/decode"]) == {"4", "8", "16"}
+    for path in ("fast", "dense"):
+        trained = results["training"]["paths"][path]
+        assert math.isfinite(trained["first-step loss"]) and trained["attention"]
+    assert results["training"]["paths"]["fast"]["attention"]["q, k, v dtypes"] == ["float32"] * 3
+    for entry in report["sections"].values():
+        assert entry["seconds"] > 0 and "peak memory (MiB)" in entry
+    assert report["environment"]["torch"] == torch.__version__
+    assert report["tf32 at end"] == report["tf32 at start"] == tf32 == gpu_check.tf32_state()
+    markdown = (tmp_path / "report.md").read_text()
+    assert markdown.startswith("# GPU check") and "## recompiles: failed" in markdown
+
+
+def test_the_deadline_skips_the_sections_left_and_says_so(tmp_path, monkeypatch):
+    monkeypatch.setitem(gpu_check.SECTIONS, "slow", lambda check: time.sleep(1.5) or {"slept": True})
+    assert gpu_check.main(smoke_args(tmp_path, "--sections", "slow,parity,lossless", "--deadline", "1")) == 0
+    sections = json.loads((tmp_path / "report.json").read_text())["sections"]
+    assert sections["slow"]["status"] == "ok" and sections["slow"]["result"] == {"slept": True}
+    assert [sections[name] for name in ("parity", "lossless")] == [{"status": "skipped: deadline"}] * 2
+    assert "## lossless: skipped: deadline" in (tmp_path / "report.md").read_text()
+
+
+def run_script(*options):
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), *options],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_the_script_reports_even_when_it_runs_nothing(tmp_path):
+    done = run_script("--out", str(tmp_path), "--cpu-smoke", "--deadline", "0")
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads((tmp_path / "report.json").read_text())
-    assert report["correctness"]["lossless in float32"] and report["correctness"]["fixture parity"]["passed"]
-    row = report["step costs"][0]
-    assert row["plain tokens/s"] > 0 and set(row["verify/decode"]) == {"4", "8", "16"}
-    assert (tmp_path / "report.md").read_text().startswith("# GPU check")
+    assert set(report["sections"]) == set(gpu_check.DEFAULT_SECTIONS)
+    assert all(entry == {"status": "skipped: deadline"} for entry in report["sections"].values())
+
+
+def test_an_unknown_section_is_one_error_line(tmp_path):
+    done = run_script("--out", str(tmp_path), "--cpu-smoke", "--sections", "parity,nope")
+    assert done.returncode == 2 and done.stderr.startswith("error:") and "nope" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
