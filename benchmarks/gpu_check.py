@@ -35,24 +35,26 @@ Every section also reports its wall time, peak memory (`max_memory_allocated` on
 process's resident peak on the CPU), graphs compiled, compile seconds, recompiles and their
 reasons, and CUDA-graph skips and their reasons (torch's own counters and compile metrics).
 
-Expected time on one H100 or H200 (an estimate, not a GPU measurement). The graph counts are
-measured on the CPU by the same code (`--cpu-smoke`, whose demo-pair sections run the GPU
-run's prompts; graph counts do not depend on the device or on the model's width): `lossless`
-6 (decode, verify and draft, each for 2 buckets of cache slots), `lossless_bf16` 6, `flex_reads`
-6 plus FlexAttention's, `host_loop` 2 (a 36-layer verify, a 5-layer draft), `flex_costs` 2,
-`training` 1 to 2 (FlexAttention forward and backward), `parity`, `sdpa` and `step_costs` none.
-Per graph, inductor took on this project's CPU about 5-7 s for a demo-pair pass and about 40 s
-for a 36-layer one; assuming a GPU host compiles as fast (Triton kernels built by 16 workers
-in place of C++), the default sections take about 12 + 2 + 45 + 10 + 90 + 60 + 120 + 45 s,
-about 6.5 minutes with start-up; the default `--deadline` of 360 s skips what is left after
-6 minutes, so that the slowest section starting then still ends near 8 minutes.
+Expected time on one H100 or H200: an estimate scaled from the CPU, not a GPU measurement.
+Graphs each section compiles, counted by `--cpu-smoke` (the demo-pair sections use the GPU run's
+prompts and bucket layout; a count depends on neither the device nor the width): `lossless` 7
+(decode and verify for 2 buckets of cache slots, draft for 3), `lossless_bf16` 7, `flex_reads`
+7 plus FlexAttention's, `host_loop` 2 (a 36-layer verify, a 5-layer draft: one bucket at context
+2048), `flex_costs` 4; `training` none on the CPU (its attention is SDPA there), about 2 on a GPU
+(FlexAttention forward and backward); `parity`, `sdpa`, `step_costs` none. Inductor's compile
+time per graph on this project's CPU (2 shared cores; wall about 2.5x CPU time): 11-53 s for a
+demo-pair pass, 110 s for the 36-layer verify (docs/results/gpu_check_compile_counts.md).
+Assuming a GPU host builds a graph in about the CPU time measured here (7 s a demo-pair pass,
+45 s a 36-layer one), the default sections take about 15 s of start-up, then parity 3, lossless
+55, sdpa 15, host_loop 60, step_costs 20, training 100, lossless_bf16 55: 320 s, 5.5 minutes
+(7.5 if compiles are 1.5x slower). The default `--deadline` of 360 s starts nothing after 6
+minutes, so a run ends by then plus its slowest section (training, about 2 minutes).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import gc
 import json
 import logging
@@ -209,6 +211,16 @@ def sdpa_backend(q, k, v, mask, is_causal: bool, enable_gqa: bool) -> dict:
     return picked | {kernel: check(params, False) for kernel, check in can_use.items()}
 
 
+def dtype_name(dtype) -> str | None:
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+def autocast_dtype(device: torch.device) -> torch.dtype | None:
+    """The dtype autocast casts to on `device` right now, None when it is off."""
+    on = torch.is_autocast_enabled(device.type)
+    return torch.get_autocast_dtype(device.type) if on else None
+
+
 def mask_form(mask, is_causal: bool) -> str:
     if mask is None:
         return "causal (is_causal)" if is_causal else "none"
@@ -222,9 +234,10 @@ class SdpaCalls(TorchFunctionMode):
     pass it belongs to (`phase`, which a runner's `clock` sets): one row per pass and form of
     call, with the number of keys read (which grows in an eager loop) as a range."""
 
-    def __init__(self):
+    def __init__(self, unclocked: str = "prefill"):
         super().__init__()
-        self.loop, self.phase, self.calls = "", "prefill", {}  # which loop, which of its passes
+        self.unclocked = unclocked  # what the calls outside a clocked pass are
+        self.loop, self.phase, self.calls = "", unclocked, {}  # which loop, which of its passes
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -237,10 +250,13 @@ class SdpaCalls(TorchFunctionMode):
         mask, keys = mask_form(attn_mask, is_causal), k.shape[2]
         key = (f"{self.loop}{self.phase}", tuple(q.shape), str(q.dtype), mask.split(" (")[0])
         if key not in self.calls:  # the kernel torch picks for the first call of this form
+            autocast = autocast_dtype(q.device)
+            if autocast is not None:  # SDPA runs in autocast's dtype, whatever it is handed
+                q, k, v = (t.to(autocast) for t in (q, k, v))
             self.calls[key] = {"pass": key[0], "q": list(q.shape), "k": list(k.shape),
-                               "v": list(v.shape), "dtype": str(q.dtype).removeprefix("torch."),
-                               "mask": mask, "enable_gqa": enable_gqa, "calls": 0,
-                               "keys read": [keys, keys],
+                               "v": list(v.shape), "dtype": dtype_name(key[2]),
+                               "autocast to": dtype_name(autocast), "mask": mask,
+                               "enable_gqa": enable_gqa, "calls": 0, "keys read": [keys, keys],
                                "backend": sdpa_backend(q, k, v, attn_mask, is_causal, enable_gqa)}
         row = self.calls[key]
         row["calls"] += 1
@@ -252,7 +268,7 @@ class SdpaCalls(TorchFunctionMode):
         try:
             yield
         finally:
-            self.phase = "prefill"  # the one pass the runner does not clock
+            self.phase = self.unclocked  # the prefill: the one pass a runner does not clock
 
     def table(self) -> list[dict]:
         return list(self.calls.values())
@@ -689,7 +705,8 @@ def attention_inputs(seen: dict):
 
     def recording(self, q, k, v):
         seen.setdefault("path", "flex attention" if q.is_cuda else "SDPA in chunks (CPU)")
-        seen.setdefault("q, k, v dtypes", [str(t.dtype).removeprefix("torch.") for t in (q, k, v)])
+        seen.setdefault("q, k, v dtypes", [dtype_name(t.dtype) for t in (q, k, v)])
+        seen.setdefault("autocast to", dtype_name(autocast_dtype(q.device)))
         seen.setdefault("q, k, v shapes", [list(t.shape) for t in (q, k, v)])
         return attend(self, q, k, v)
 
@@ -729,7 +746,7 @@ def training_path(check: Check, target: Qwen3, settings: dict, path: str, steps:
             before = peak_memory(device)
         anchors, real = train.batch_anchors(loss_mask, settings["anchors"], [generator] * batch)
         began = time.perf_counter()
-        record = SdpaCalls() if dense else attention_inputs(seen)
+        record = SdpaCalls("target, then drafter") if dense else attention_inputs(seen)
         with record if step == 0 else contextlib.nullcontext(), \
                 torch.autocast("cuda", dtype=torch.bfloat16, enabled=check.cuda):
             loss, _, _ = train.drafter_loss(target, drafter, input_ids, loss_mask, anchors, real,

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import gpu_check
 
@@ -93,3 +94,28 @@ def test_an_unknown_section_is_one_error_line(tmp_path):
     done = run_script("--out", str(tmp_path), "--cpu-smoke", "--sections", "parity,nope")
     assert done.returncode == 2 and done.stderr.startswith("error:") and "nope" in done.stderr
     assert len(done.stderr.strip().splitlines()) == 1
+
+
+class LargestFloat32(TorchDispatchMode):
+    """The most elements of any float32 tensor an operation inside made."""
+
+    largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and out.dtype == torch.float32:
+            self.largest = max(self.largest, out.numel())
+        return out
+
+
+def test_the_real_shapes_are_built_in_bf16_from_the_start():
+    """On the meta device, so nothing is allocated: no float32 tensor bigger than RoPE's frequencies
+    is ever made, and every parameter is bf16."""
+    with LargestFloat32() as made:
+        target, drafter = gpu_check.random_pair(gpu_check.SHAPES["Qwen3-8B"], "meta", torch.bfloat16)
+    assert made.largest <= 64  # inv_freq: head_dim / 2 float32 numbers
+    assert 8.1e9 < sum(p.numel() for p in target.parameters()) < 8.3e9  # Qwen3-8B's 8.19 B
+    for model in (target, drafter):
+        assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+        assert model.rotary.inv_freq.dtype == torch.float32  # RoPE's frequencies stay exact
+    assert torch.get_default_dtype() == torch.float32  # restored after the build
