@@ -36,19 +36,20 @@ process's resident peak on the CPU), graphs compiled, compile seconds, recompile
 reasons, and CUDA-graph skips and their reasons (torch's own counters and compile metrics).
 
 Expected time on one H100 or H200: an estimate scaled from the CPU, not a GPU measurement.
-Graphs each section compiles, counted by `--cpu-smoke` (the demo-pair sections use the GPU run's
-prompts and bucket layout; a count depends on neither the device nor the width): `lossless` 7
-(decode and verify for 2 buckets of cache slots, draft for 3), `lossless_bf16` 7, `flex_reads`
-7 plus FlexAttention's, `host_loop` 2 (a 36-layer verify, a 5-layer draft: one bucket at context
-2048), `flex_costs` 4; `training` none on the CPU (its attention is SDPA there), about 2 on a GPU
-(FlexAttention forward and backward); `parity`, `sdpa`, `step_costs` none. Inductor's compile
-time per graph on this project's CPU (2 shared cores; wall about 2.5x CPU time): 11-53 s for a
-demo-pair pass, 110 s for the 36-layer verify (docs/results/gpu_check_compile_counts.md).
-Assuming a GPU host builds a graph in about the CPU time measured here (7 s a demo-pair pass,
-45 s a 36-layer one), the default sections take about 15 s of start-up, then parity 3, lossless
-55, sdpa 15, host_loop 60, step_costs 20, training 100, lossless_bf16 55: 320 s, 5.5 minutes
-(7.5 if compiles are 1.5x slower). The default `--deadline` of 360 s starts nothing after 6
-minutes, so a run ends by then plus its slowest section (training, about 2 minutes).
+Graphs each section compiles, counted by `--cpu-smoke` (the demo-pair sections use the GPU
+run's prompts and bucket layout; a count depends on neither the device nor the width):
+`lossless` 7 (decode and verify for 2 buckets of cache slots, draft for 3), `lossless_bf16` 7,
+`flex_reads` 7 (FlexAttention inside them), `host_loop` 2 (a 36-layer verify, a 5-layer draft:
+one bucket at context 2048), `flex_costs` 4; `training` none on the CPU (its attention is SDPA
+there), about 2 on a GPU (FlexAttention forward and backward); `parity`, `sdpa`, `step_costs`
+none. Inductor's compile time per graph on this project's CPU (2 shared cores; wall about 2.5x
+CPU time): 11-53 s for a demo-pair pass, 110 s for the 36-layer verify
+(docs/results/gpu_check_compile_counts.md). Assuming a GPU host builds a graph in about the
+CPU time measured here (7 s a demo-pair pass, 45 s a 36-layer one), the default sections take
+about 15 s of start-up, then parity 3, lossless 55, sdpa 15, host_loop 60, step_costs 20,
+training 100, lossless_bf16 55: 320 s, 5.5 minutes (7.5 if compiles are 1.5x slower). The
+default `--deadline` of 360 s starts nothing after 6 minutes, so a run ends by then plus its
+slowest section (training, about 2 minutes).
 """
 
 from __future__ import annotations
