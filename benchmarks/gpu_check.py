@@ -165,27 +165,35 @@ def environment(device: torch.device) -> dict:
             "threads": torch.get_num_threads(), "python": platform.python_version()}
 
 
-# TF32 through torch's newer per-backend API only: reading the legacy `allow_tf32` after a mix of
-# the two APIs raises in torch 2.13.
-TF32_PLACES = {"cuda.matmul": torch.backends.cuda.matmul, "cudnn.conv": torch.backends.cudnn.conv,
-               "cudnn.rnn": torch.backends.cudnn.rnn}
+def tf32_switches() -> dict[str, tuple[object, str, object]]:
+    """Where this torch keeps its TF32 switches, with each one's full-precision value: the
+    per-backend `fp32_precision` where it exists (reading the older `allow_tf32` after a mix of
+    the two APIs raises there, in torch 2.13), else `allow_tf32` (an older torch on a GPU)."""
+    backends = torch.backends
+    if hasattr(backends.cuda.matmul, "fp32_precision"):
+        return {name: (place, "fp32_precision", "ieee") for name, place in (
+            ("cuda.matmul", backends.cuda.matmul), ("cudnn.conv", backends.cudnn.conv),
+            ("cudnn.rnn", backends.cudnn.rnn))}
+    return {"cuda.matmul.allow_tf32": (backends.cuda.matmul, "allow_tf32", False),
+            "cudnn.allow_tf32": (backends.cudnn, "allow_tf32", False)}
 
 
 def tf32_state() -> dict:
-    state = {name: place.fp32_precision for name, place in TF32_PLACES.items()}
+    state = {name: getattr(place, attribute)
+             for name, (place, attribute, _) in tf32_switches().items()}
     return state | {"float32_matmul_precision": torch.get_float32_matmul_precision()}
 
 
 def restore_tf32(state: dict) -> None:
     torch.set_float32_matmul_precision(state["float32_matmul_precision"])  # first: it sets matmul's
-    for name, place in TF32_PLACES.items():
-        place.fp32_precision = state[name]
+    for name, (place, attribute, _) in tf32_switches().items():
+        setattr(place, attribute, state[name])
 
 
 def tf32_off() -> None:
     """Float32 matmuls and convolutions in full precision: the lossless check compares argmaxes."""
-    for place in TF32_PLACES.values():
-        place.fp32_precision = "ieee"
+    for place, attribute, full_precision in tf32_switches().values():
+        setattr(place, attribute, full_precision)
 
 
 # ------------------------------------------------------------- what ran: attention kernels
@@ -207,9 +215,10 @@ def sdpa_backend(q, k, v, mask, is_causal: bool, enable_gqa: bool) -> dict:
         # On the CPU the fused kernel is a C++ flash-attention loop ("flash_attention"), else math.
         return picked | {"where": "cpu"}
     params = torch.backends.cuda.SDPAParams(q, k, v, mask, 0.0, is_causal, enable_gqa)
-    can_use = {kernel: getattr(torch.backends.cuda, f"can_use_{kernel}_attention")
-               for kernel in ("flash", "efficient", "cudnn")}
-    return picked | {kernel: check(params, False) for kernel, check in can_use.items()}
+    can_use = {kernel: getattr(torch.backends.cuda, f"can_use_{kernel}_attention", None)
+               for kernel in ("flash", "efficient", "cudnn")}  # cudnn's: not in every torch
+    return picked | {kernel: check(params, False) if check else None
+                     for kernel, check in can_use.items()}
 
 
 def dtype_name(dtype) -> str | None:
@@ -254,11 +263,15 @@ class SdpaCalls(TorchFunctionMode):
             autocast = autocast_dtype(q.device)
             if autocast is not None:  # SDPA runs in autocast's dtype, whatever it is handed
                 q, k, v = (t.to(autocast) for t in (q, k, v))
+            try:
+                backend = sdpa_backend(q, k, v, attn_mask, is_causal, enable_gqa)
+            except Exception as error:  # torch's private kernel choice may change: say so, go on
+                backend = {"error": f"{type(error).__name__}: {error}"}
             self.calls[key] = {"pass": key[0], "q": list(q.shape), "k": list(k.shape),
                                "v": list(v.shape), "dtype": dtype_name(key[2]),
                                "autocast to": dtype_name(autocast), "mask": mask,
                                "enable_gqa": enable_gqa, "calls": 0, "keys read": [keys, keys],
-                               "backend": sdpa_backend(q, k, v, attn_mask, is_causal, enable_gqa)}
+                               "backend": backend}
         row = self.calls[key]
         row["calls"] += 1
         row["keys read"] = [min(row["keys read"][0], keys), max(row["keys read"][1], keys)]
@@ -320,12 +333,17 @@ class CompileWatch:
         metrics = get_compilation_metrics()
         grown = self.snapshot()
         grown.subtract(self.before)
-        recompiles = [m.recompile_reason for m in metrics if m.recompile_reason]
-        skips = skip_reasons + [m.cudagraph_skip_reason for m in metrics if m.cudagraph_skip_reason]
-        return {"graphs": grown["graphs"], "frames compiled": len(metrics),
-                "compile seconds": sum(m.entire_frame_compile_time_s or 0.0 for m in metrics),
-                "per frame": [f"{m.co_name}: {m.entire_frame_compile_time_s or 0.0:.1f} s"
-                              for m in metrics],
+        names = ("co_name", "entire_frame_compile_time_s", "recompile_reason",
+                 "cudagraph_skip_reason")  # a field this torch lacks reads as None
+        frames = [{name: getattr(m, name, None) for name in names} for m in metrics]
+        seconds = [frame["entire_frame_compile_time_s"] or 0.0 for frame in frames]
+        recompiles = [frame["recompile_reason"] for frame in frames if frame["recompile_reason"]]
+        skips = skip_reasons + [frame["cudagraph_skip_reason"] for frame in frames
+                                if frame["cudagraph_skip_reason"]]
+        return {"graphs": grown["graphs"], "frames compiled": len(frames),
+                "compile seconds": sum(seconds),
+                "per frame": [f"{frame['co_name']}: {t:.1f} s"
+                              for frame, t in zip(frames, seconds)],
                 "recompiles": len(recompiles), "recompile reasons": sorted(set(recompiles))[:5],
                 "cudagraph skips": grown["cudagraph skips"],
                 "cudagraph skip reasons": sorted(set(skips))[:5]}
@@ -843,7 +861,10 @@ def run_section(name: str, check: Check, tf32: dict) -> dict:
             restore_tf32(tf32)
     entry["seconds"] = time.perf_counter() - began
     entry["peak memory (MiB)"] = mebibytes(peak_memory(check.device))
-    entry["compile"] = watch.report(skips.reasons)
+    try:
+        entry["compile"] = watch.report(skips.reasons)
+    except Exception as error:  # torch's compile metrics differ between versions: say so, go on
+        entry["compile"] = {"error": f"{type(error).__name__}: {error}"}
     torch._dynamo.reset()
     gc.collect()
     return entry

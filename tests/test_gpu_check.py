@@ -119,3 +119,15 @@ def test_the_real_shapes_are_built_in_bf16_from_the_start():
         assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
         assert model.rotary.inv_freq.dtype == torch.float32  # RoPE's frequencies stay exact
     assert torch.get_default_dtype() == torch.float32  # restored after the build
+
+
+def test_cudagraph_skips_are_counted_with_their_reasons():
+    """Inductor says why it skips CUDA graphs through one function; no CPU run calls it."""
+    from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
+
+    watch = gpu_check.CompileWatch()
+    with gpu_check.CudagraphSkips() as skips:
+        log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to mutated inputs (a test)")
+    report = watch.report(skips.reasons)
+    assert report["cudagraph skips"] == 1
+    assert report["cudagraph skip reasons"] == ["skipping cudagraphs due to mutated inputs (a test)"]
