@@ -1,5 +1,6 @@
-"""The GPU check at tiny sizes on the CPU (its `--cpu-smoke` mode), as CI can run it: a section that
-fails leaves every other section's figures in report.json, and the deadline skips sections and says so."""
+"""The GPU check at tiny sizes on the CPU (its `--cpu-smoke` mode), as CI can run it: a section
+that fails leaves every other section's figures in report.json, and the deadline skips sections
+and says so; and the parts of the report no CPU run exercises, each made to happen."""
 
 import json
 import math
@@ -40,8 +41,9 @@ def test_a_failing_section_leaves_the_other_sections_figures(tmp_path, monkeypat
     failed = report["sections"]["recompiles"]
     assert failed["status"] == "failed" and failed["error_type"].endswith("RecompileError")
     assert "recompiling_section" in failed["traceback"] and failed["compile"]["graphs"] == 1
-    # ... and every section after it ran, the compiled ones included (dynamo was reset after the failure).
-    results = {name: entry["result"] for name, entry in report["sections"].items() if name != "recompiles"}
+    # ... and every section after it ran, the compiled ones too (dynamo was reset after it).
+    results = {name: entry["result"] for name, entry in report["sections"].items()
+               if name != "recompiles"}
     assert all(report["sections"][name]["status"] == "ok" for name in results)
     assert results["parity"]["passed"] and results["lossless"]["all identical"]
     assert report["sections"]["lossless"]["compile"]["graphs"] > 0
@@ -69,17 +71,20 @@ def test_a_failing_section_leaves_the_other_sections_figures(tmp_path, monkeypat
 
 
 def test_the_deadline_skips_the_sections_left_and_says_so(tmp_path, monkeypatch):
-    monkeypatch.setitem(gpu_check.SECTIONS, "slow", lambda check: time.sleep(1.5) or {"slept": True})
-    assert gpu_check.main(smoke_args(tmp_path, "--sections", "slow,parity,lossless", "--deadline", "1")) == 0
+    monkeypatch.setitem(gpu_check.SECTIONS, "slow", lambda _: time.sleep(1.5) or {"slept": True})
+    args = smoke_args(tmp_path, "--sections", "slow,parity,lossless", "--deadline", "1")
+    assert gpu_check.main(args) == 0
     sections = json.loads((tmp_path / "report.json").read_text())["sections"]
     assert sections["slow"]["status"] == "ok" and sections["slow"]["result"] == {"slept": True}
-    assert [sections[name] for name in ("parity", "lossless")] == [{"status": "skipped: deadline"}] * 2
+    skipped = [sections[name] for name in ("parity", "lossless")]
+    assert skipped == [{"status": "skipped: deadline"}] * 2
     assert "## lossless: skipped: deadline" in (tmp_path / "report.md").read_text()
 
 
 def run_script(*options):
     return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"), *options],
-                          capture_output=True, text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 def test_the_script_reports_even_when_it_runs_nothing(tmp_path):
@@ -112,7 +117,8 @@ def test_the_real_shapes_are_built_in_bf16_from_the_start():
     """On the meta device, so nothing is allocated: no float32 tensor bigger than RoPE's frequencies
     is ever made, and every parameter is bf16."""
     with LargestFloat32() as made:
-        target, drafter = gpu_check.random_pair(gpu_check.SHAPES["Qwen3-8B"], "meta", torch.bfloat16)
+        target, drafter = gpu_check.random_pair(gpu_check.SHAPES["Qwen3-8B"], "meta",
+                                                torch.bfloat16)
     assert made.largest <= 64  # inv_freq: head_dim / 2 float32 numbers
     assert 8.1e9 < sum(p.numel() for p in target.parameters()) < 8.3e9  # Qwen3-8B's 8.19 B
     for model in (target, drafter):
@@ -130,4 +136,21 @@ def test_cudagraph_skips_are_counted_with_their_reasons():
         log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to mutated inputs (a test)")
     report = watch.report(skips.reasons)
     assert report["cudagraph skips"] == 1
-    assert report["cudagraph skip reasons"] == ["skipping cudagraphs due to mutated inputs (a test)"]
+    assert report["cudagraph skip reasons"] == [
+        "skipping cudagraphs due to mutated inputs (a test)"]
+
+
+def test_a_mismatch_says_where_and_how_close_the_target_was():
+    """No CPU run disagrees, so a disagreement is made: one token of the plain output changed."""
+    from dflash.qwen3 import Qwen3
+    from generate import generate_autoregressive
+
+    target = Qwen3.from_pretrained(ROOT / "tests" / "fixtures" / "qwen3-tiny")
+    prompt = [1, 2, 3]
+    plain = generate_autoregressive(target, prompt, 5).new_ids
+    fast = plain[:2] + [(plain[2] + 1) % target.config.vocab_size] + plain[3:]
+    found = gpu_check.first_mismatch(target, prompt, plain, fast)
+    assert found["first differing new token"] == 2
+    assert (found["plain"], found["dflash"]) == (plain[2], fast[2])
+    assert found["target's top two"][0] == plain[2] and found["top-two logit gap"] >= 0
+    assert gpu_check.first_mismatch(target, prompt, plain, plain) is None
