@@ -81,7 +81,8 @@ from torch.overrides import TorchFunctionMode  # noqa: E402
 import train  # noqa: E402
 from bench_common import peak_memory, reset_peak_memory  # noqa: E402
 from bench_train import SHAPES as TRAIN_SHAPES, VOCAB, projected_peak_bytes  # noqa: E402
-from dflash.cli import OneLineErrors, UsageError, run_cli  # noqa: E402
+from dflash.cli import (HelpWithDefaults, OneLineErrors, UsageError,  # noqa: E402
+                        check_output, checked, non_negative, positive_int, run_cli)
 from dflash.drafter import Drafter, DrafterConfig, default_target_layer_ids  # noqa: E402
 from dflash.flex_reads import filled_blocks  # noqa: E402
 from dflash.qwen3 import KVCache, Qwen3, Qwen3Config  # noqa: E402
@@ -987,16 +988,9 @@ def section_list(text: str) -> list[str]:
     return names
 
 
-def seconds(text: str) -> float:
-    value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more seconds, got {text}")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrors(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+                           formatter_class=HelpWithDefaults)
     parser.add_argument("--out", type=Path, required=True,
                         help="folder for report.json and report.md")
     parser.add_argument("--cpu-smoke", action="store_true",
@@ -1004,14 +998,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sections", type=section_list, default=list(DEFAULT_SECTIONS),
                         help=f"comma-separated, run in this order (default: "
                              f"{','.join(DEFAULT_SECTIONS)}; all: {','.join(SECTIONS)})")
-    parser.add_argument("--deadline", type=seconds, default=DEFAULT_DEADLINE,
+    parser.add_argument("--deadline", type=non_negative, default=DEFAULT_DEADLINE,
                         help="seconds from the start after which the sections left are skipped")
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES),
                         help="step costs at these; `sdpa`, `host_loop`, `flex_costs` at the last")
-    parser.add_argument("--context", type=int, default=2048,
+    parser.add_argument("--context", type=positive_int, default=2048,
                         help="prompt tokens before the timed passes")
-    parser.add_argument("--repeats", type=int, default=50)
-    parser.add_argument("--extra-buffer", type=int, default=2048,
+    parser.add_argument("--repeats", type=positive_int, default=50, help="replays per timed pass")
+    parser.add_argument("--extra-buffer", type=checked(int, "0 or more", lambda x: x >= 0),
+                        default=2048,
                         help="empty cache slots after the filled part (a cache sized for more)")
     parser.add_argument("--compile-backend", default=None,
                         help="torch.compile backend (default: inductor on CUDA, eager on the CPU)")
@@ -1032,6 +1027,7 @@ def make_check(args) -> Check:
 
 def main(args) -> int:
     began = time.perf_counter()
+    check_output(args.out, "--out", folder=True)
     check = make_check(args)
     tf32 = tf32_state()
     args.out.mkdir(parents=True, exist_ok=True)
