@@ -85,6 +85,7 @@ from dflash.cli import (HelpWithDefaults, OneLineErrors, UsageError,  # noqa: E4
                         check_output, checked, non_negative, positive_int, run_cli)
 from dflash.drafter import Drafter, DrafterConfig, default_target_layer_ids  # noqa: E402
 from dflash.flex_reads import filled_blocks  # noqa: E402
+from dflash.measure import Timed  # noqa: E402
 from dflash.qwen3 import KVCache, Qwen3, Qwen3Config  # noqa: E402
 from dflash.train_kernels import AnchoredBlocks  # noqa: E402
 from dflash.training import init_weights, optimizer_step  # noqa: E402
@@ -242,8 +243,8 @@ def mask_form(mask, is_causal: bool) -> str:
 
 class SdpaCalls(TorchFunctionMode):
     """Records every `scaled_dot_product_attention` call made eagerly inside it, labelled with the
-    pass it belongs to (`phase`, which a runner's `clock` sets): one row per pass and form of
-    call, with the number of keys read (which grows in an eager loop) as a range."""
+    pass it belongs to (`phase`, which `Timed` sets around each of a runner's passes): one row per
+    pass and form of call, with the number of keys read (which grows in an eager loop) as a range."""
 
     def __init__(self, unclocked: str = "prefill"):
         super().__init__()
@@ -278,7 +279,7 @@ class SdpaCalls(TorchFunctionMode):
         row["keys read"] = [min(row["keys read"][0], keys), max(row["keys read"][1], keys)]
 
     @contextlib.contextmanager
-    def __call__(self, phase: str):  # a runner's clock: `with clock(phase):` around each pass
+    def __call__(self, phase: str):  # `Timed` enters `with clock(phase):` around each pass
         self.phase = phase
         try:
             yield
@@ -355,7 +356,7 @@ def mebibytes(count: int | None) -> float | None:
 
 
 class PassClock:
-    """A runner's `clock` that times each pass on the device without waiting for it: CUDA events
+    """A clock for `Timed` that times each pass on the device without waiting for it: CUDA events
     around the pass, read after the loop's own syncs; on the CPU, where passes run synchronously,
     the wall time of the pass."""
 
@@ -530,14 +531,15 @@ def section_sdpa(check: Check) -> dict:
                              block_size=BLOCK, tree_budget=BLOCK)
         for cache in runner.caches():
             cache.fixed_shape = reads == "fixed shape"  # read_limit stays the whole buffer
-        runner.clock = calls = SdpaCalls()
+        calls = SdpaCalls()
+        timed = Timed(runner, calls)  # the runner's passes, each inside `with calls(phase):`
         with calls:
             calls.loop = "plain: "
-            generate_autoregressive(target, prompt, 2, runner=runner)
+            generate_autoregressive(target, prompt, 2, runner=timed)
             calls.loop = "chain: "
-            generate_dflash(target, drafter, prompt, 2 * BLOCK, runner=runner)
+            generate_dflash(target, drafter, prompt, 2 * BLOCK, runner=timed)
             calls.loop = "tree: "
-            generate_dflash_tree(target, drafter, prompt, 2, budget=BLOCK, runner=runner)
+            generate_dflash_tree(target, drafter, prompt, 2, budget=BLOCK, runner=timed)
         tables[reads] = calls.table()
     return {"shape": name, "context": check.context, "calls": tables}
 
@@ -557,9 +559,8 @@ def section_host_loop(check: Check) -> dict:
     began = time.perf_counter()
     generate_dflash(target, drafter, prompt, new_tokens, runner=runner)  # compiles, records graphs
     warm_up = time.perf_counter() - began
-    runner.clock = clock = PassClock(check.device)
-    timed = generate_dflash(target, drafter, prompt, new_tokens, runner=runner)
-    runner.clock = None
+    clock = PassClock(check.device)
+    timed = generate_dflash(target, drafter, prompt, new_tokens, runner=Timed(runner, clock))
     device = clock.seconds()
     steps = timed.steps
     wall_ms = 1000 * (timed.seconds - timed.first_token_seconds) / steps
@@ -630,13 +631,12 @@ class Filled:
 
     def decode(self, decode=decode_pass, **reads):
         token, position = self.ids(1), self.positions(1)
-        return lambda: decode(self.target, self.target_cache, token, position, True, **reads)
+        return lambda: decode(self.target, self.target_cache, token, position, **reads)
 
     def verify(self, block: int, verify=verify_pass, **reads):
         ids, positions = self.ids(block), self.positions(block)
         layer_ids = self.drafter.config.target_layer_ids
-        return lambda: verify(self.target, self.target_cache, ids, positions, True,
-                              layer_ids=layer_ids, **reads)
+        return lambda: verify(self.target, self.target_cache, ids, positions, layer_ids, **reads)
 
     def draft(self):
         width = len(self.drafter.config.target_layer_ids) * self.target.config.hidden_size
@@ -644,7 +644,7 @@ class Filled:
         ids, positions = self.ids(BLOCK), self.positions(BLOCK)
         context = positions - BLOCK  # the last block's positions; the new block's are `positions`
         return lambda: draft_pass(self.target, self.drafter, self.drafter_cache, features, ids,
-                                  True, context_positions=context, context_slots=context,
+                                  context_positions=context, context_slots=context,
                                   block_positions=positions)
 
     def ids(self, count: int) -> torch.Tensor:
