@@ -67,7 +67,7 @@ def verify_pass(target: Qwen3, cache: KVCache, ids, positions, layer_ids, *, rea
     return target.logits(hidden[0]), features  # (block, vocab), (1, block, F)
 
 
-def verify_tree_pass(target: Qwen3, cache: KVCache, ids, positions, slots, tree_mask, layer_ids, *,
+def verify_tree_pass(target: Qwen3, cache: KVCache, ids, positions, *, slots, tree_mask, layer_ids,
                      reads=masked):
     """As `verify_pass`, for a draft tree's nodes (1, nodes): node i, written at cache slot `slots[i]`
     at position `positions[i]`, sees the committed tokens, its ancestors and itself (`tree_mask`)."""
@@ -278,8 +278,8 @@ class ModelRunner:
         tokens, depths, tree_mask = verify_inputs(tree, self.tree_budget, self.node_offsets.device)
         start = self.target_cache.length
         logits, features = self.run("verify_tree", self.target_cache, self.target, self.target_cache,
-                                    tokens[None], depths + start, self.node_offsets + start, tree_mask,
-                                    self.layer_ids)
+                                    tokens[None], depths + start, slots=self.node_offsets + start,
+                                    tree_mask=tree_mask, layer_ids=self.layer_ids)
         self.node_features.copy_(features)
         return self.node_tokens.copy_(sample(logits, sampling, generator))
 
