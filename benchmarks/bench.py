@@ -32,7 +32,7 @@ import torch  # noqa: E402
 import generate  # noqa: E402
 from bench_common import peak_memory, print_table  # noqa: E402
 from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_output, checked, non_negative,  # noqa: E402
-                        pick_device, pick_dtype, positive_int, run_cli)
+                        pick_device, pick_dtype, positive_int, run_cli, seed)
 from dflash.drafter import Drafter  # noqa: E402
 from dflash.measure import (BenchPrompt, Loops, Run, distinct_ngram_ratio, left_out, loop_figures, ratio,  # noqa: E402
                             step_ms, summarize_row)
@@ -259,7 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--filters", nargs="+", choices=["none", "config"], default=["none"],
                    help="above temperature 0: the bare softmax, and/or the top-k/top-p of generation_config.json")
     p.add_argument("--max-new-tokens", type=positive_int, default=128)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     add_device_options(p)
     p.add_argument("--compile", nargs="?", const="on", choices=["on", "off", "both"], default=None,
                    help="torch.compile the fixed-shape passes; `both`: eager, then compiled, each speedup also against "
