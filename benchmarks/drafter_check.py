@@ -34,8 +34,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from dflash.checkpoint import read_text  # noqa: E402
-from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_output, check_token_ids,  # noqa: E402
-                        int_list, pick_device, pick_dtype, positive_int, run_cli)
+from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_output,  # noqa: E402
+                        check_token_ids, int_list, pick_device, pick_dtype, positive_int, run_cli)
 from dflash.drafter import Drafter  # noqa: E402
 from dflash.prompts import PROMPT_FORMAT, add_prompt_options, encode_for_generation, read_prompts  # noqa: E402
 from dflash.qwen3 import Qwen3  # noqa: E402
@@ -265,7 +265,7 @@ def run(args) -> int:
         check_output(Path(args.json), "--json")  # not only after the whole check has run
     device = pick_device(args.device)
     target = Qwen3.from_pretrained(args.model, device=device, dtype=pick_dtype(args.dtype, device))
-    check_token_ids(args.mask_token_ids, target.config.vocab_size, "--mask-token-ids")  # else silently left out
+    check_token_ids(args.mask_token_ids, target.config.vocab_size, "--mask-token-ids")
     drafter = Drafter.from_pretrained(args.draft, target, device=device, dtype=target.embed_tokens.weight.dtype)
     tokenizer = find_tokenizer(Path(args.model))
     prompts = [encode_for_generation(prompt, tokenizer, args.chat, args.thinking, args.token_healing)

@@ -31,8 +31,10 @@ def read_text(path: Path, error: type[Exception] = CheckpointError, what: str = 
         raise error(f"{path}: cannot read the {what} ({err})") from None
 
 
-def check_regular_file(path: Path, error: type[Exception] = CheckpointError, what: str = "file") -> None:
-    """Refuse what is there but is no regular file: opening a FIFO waits for a writer forever, a device never ends."""
+def check_regular_file(path: Path, error: type[Exception] = CheckpointError,
+                       what: str = "file") -> None:
+    """Refuse what is there but is no regular file: opening a FIFO waits for a writer forever,
+    reading a device may never end."""
     path = Path(path)
     if path.exists() and not path.is_file():
         kind = "a folder" if path.is_dir() else "not a regular file (a FIFO, a device or a socket)"
@@ -62,18 +64,21 @@ def is_number(value) -> bool:
 
 # What a field must be: (the rule as an error message says it, the test). Shared by the config checkers.
 NON_NEGATIVE_INTEGER = ("an integer >= 0", lambda value: is_integer(value) and value >= 0)
-# A size (a width, a count of layers or positions, a token id): torch indexes tensors with 64-bit integers, and a
-# product of two sizes must stay below that, so no size a real model has comes near 2**31.
+# A size (a width, a count of layers or positions) or a token id: torch counts elements in 64-bit
+# integers, and products of sizes must stay below that; no size a real model has comes near 2**31.
 SIZE_LIMIT = 2**31 - 1
-SIZE = ("a positive integer up to 2**31 - 1", lambda value: is_integer(value) and 0 < value <= SIZE_LIMIT)
-TOKEN_ID = ("an integer in 0..2**31 - 1", lambda value: is_integer(value) and 0 <= value <= SIZE_LIMIT)
+SIZE = ("a positive integer up to 2**31 - 1",
+        lambda value: is_integer(value) and 0 < value <= SIZE_LIMIT)
+TOKEN_ID = ("an integer in 0..2**31 - 1",
+            lambda value: is_integer(value) and 0 <= value <= SIZE_LIMIT)
 POSITIVE_NUMBER = ("a finite number above 0", lambda value: is_number(value) and value > 0)
 BOOLEAN = ("true or false", lambda value: isinstance(value, bool))
 
 # Every `config.json` field a Qwen3 model reads, and what it must be.
 QWEN3_FIELD_RULES = {
     "vocab_size": SIZE, "hidden_size": SIZE, "intermediate_size": SIZE, "num_hidden_layers": SIZE,
-    "num_attention_heads": SIZE, "num_key_value_heads": SIZE, "head_dim": SIZE, "max_position_embeddings": SIZE,
+    "num_attention_heads": SIZE, "num_key_value_heads": SIZE, "head_dim": SIZE,
+    "max_position_embeddings": SIZE,
     "rms_norm_eps": POSITIVE_NUMBER, "rope_theta": POSITIVE_NUMBER,
     "tie_word_embeddings": BOOLEAN, "attention_bias": BOOLEAN}
 
@@ -129,8 +134,9 @@ def qwen3_fields(raw: dict, source: str, names: list[str]) -> dict:
 # The DFlash fields of a drafter's `config.json` (its layers' are Qwen3's), and what each must be.
 DRAFTER_FIELD_RULES = {
     "num_target_layers": SIZE, "dflash_config.mask_token_id": TOKEN_ID,
-    "dflash_config.target_layer_ids": ("a non-empty list of layer indices (integers in 0..2**31 - 1)", lambda ids: (
-        isinstance(ids, list) and bool(ids) and all(TOKEN_ID[1](i) for i in ids)))}
+    "dflash_config.target_layer_ids": (
+        "a non-empty list of layer indices (integers in 0..2**31 - 1)",
+        lambda ids: isinstance(ids, list) and bool(ids) and all(TOKEN_ID[1](i) for i in ids))}
 
 
 def drafter_fields(raw: dict, source: str) -> dict:
@@ -158,13 +164,13 @@ def block_size_of(raw: dict, dflash: dict, source: str) -> int:
         raise CheckpointError(f"{source}: block_size={raw['block_size']!r} and dflash_config.block_size="
                               f"{dflash['block_size']!r} disagree")
     name, value = next(iter(found.items()))
-    if not is_integer(value) or value < 2:  # a block is the last known token and at least one guess
-        raise CheckpointError(f"{source}: {name} must be an integer of at least 2 (the last token and one or more "
-                              f"slots to draft), got {json.dumps(value)}")
+    if not is_integer(value) or value < 2:  # a block is the last known token and one guess or more
+        raise CheckpointError(f"{source}: {name} must be an integer of at least 2 (the last token "
+                              f"and one or more slots to draft), got {json.dumps(value)}")
     positions = raw.get("max_position_embeddings")
-    if is_integer(positions) and value > positions:  # its own positions: a block longer was never trained
-        raise CheckpointError(f"{source}: {name} {value} is more than the drafter's max_position_embeddings "
-                              f"({positions})")
+    if is_integer(positions) and value > positions:  # a block past its positions was never trained
+        raise CheckpointError(f"{source}: {name} {value} is more than the drafter's "
+                              f"max_position_embeddings ({positions})")
     return value
 
 
@@ -236,7 +242,7 @@ def load_pretrained(cls, config, folder: Path, names: Callable[[nn.Module], dict
                     dtype: torch.dtype, *, skip: frozenset[str] = frozenset(), trainable: bool = False):
     """`cls(config)` built on the `meta` device, so an 8B model never exists twice in memory, filled from `folder`
     (`names(model)`: the name map; None: ours). RoPE's frequencies are not stored: recomputed in float32 on `device`.
-    What the config would build is checked against the checkpoint's headers and this machine's memory first."""
+    What the config would build is checked first: against the tensors stored and the free memory."""
     stored = stored_shapes(folder, skip)
     check_layer_count(config, stored, folder)
     weights = sum(math.prod(shape) for shape in stored.values()) * dtype.itemsize
@@ -244,15 +250,16 @@ def load_pretrained(cls, config, folder: Path, names: Callable[[nn.Module], dict
     try:
         with torch.device("meta"):
             model = cls(config)
-    except RuntimeError as err:  # sizes whose product torch cannot count: "Storage size calculation overflowed"
-        raise CheckpointError(f"{folder / 'config.json'}: its sizes cannot be built ({err})") from None
+    except RuntimeError as err:  # "Storage size calculation overflowed": sizes past 64 bits
+        message = f"{folder / 'config.json'}: its sizes cannot be built ({err})"
+        raise CheckpointError(message) from None
     name_map = names(model) if names is not None else {name: name for name, _ in model.named_parameters()}
     load_into(model, folder, name_map, device, dtype, skip=skip, trainable=trainable)
     model.rotary.inv_freq = model.rotary.inverse_frequencies(device)
     return model.eval()
 
 
-# ----------------------------------------------------------- what a load or a cache would take, asked first
+# ------------------------------------------------ what a load or a cache would take, asked first
 
 
 def stored_shapes(folder: Path, skip: frozenset[str] = frozenset()) -> dict[str, tuple[int, ...]]:
@@ -266,33 +273,36 @@ def stored_shapes(folder: Path, skip: frozenset[str] = frozenset()) -> dict[str,
 
 
 def check_layer_count(config, stored: dict[str, tuple[int, ...]], folder: Path) -> None:
-    """Refuse a config that builds more or fewer decoder layers than the checkpoint stores (`layers.<i>.` in the
-    tensors' names), before building them: a billion layers would take hours and all the memory to build, only to be
-    refused at the first missing tensor. A drafter's config keeps its layers' fields in `config.layers`."""
+    """Refuse a config with more or fewer decoder layers than the checkpoint stores (`layers.<i>.`
+    in the tensors' names) before they are built: a billion layers take hours and all the memory
+    to build, only to be refused at the first missing tensor. A drafter's are `config.layers`."""
     declared = getattr(getattr(config, "layers", config), "num_hidden_layers", None)
     found = {match.group(1) for name in stored if (match := LAYER_INDEX.search(name))}
     if declared is not None and declared != len(found):
-        raise CheckpointError(f"{folder / 'config.json'}: num_hidden_layers is {declared}, but the checkpoint's "
-                              f"tensors hold {len(found)} layers")
+        raise CheckpointError(f"{folder / 'config.json'}: num_hidden_layers is {declared}, but the "
+                              f"checkpoint's tensors hold {len(found)} layers")
 
 
-LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # model.layers.3.mlp... (a target), layers.3.mlp... (a drafter)
+LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # model.layers.3.* (a target), layers.3.* (a drafter)
 
 
 def available_memory(device) -> int | None:
-    """Bytes `device` could still give this process: CUDA's free memory; on a Linux CPU the kernel's MemAvailable
-    plus free swap, capped by a container's memory limit (cgroup v2). None where it cannot tell."""
+    """Bytes `device` could still give this process: CUDA's free memory; on a Linux CPU the kernel's
+    MemAvailable plus free swap, capped by a container's limit (cgroup v2). None: it cannot tell."""
     device = torch.device(device)
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return None
     try:
-        meminfo = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines() if ":" in line)
-        free = sum(int(meminfo.get(name, "0 kB").split()[0]) * 1024 for name in ("MemAvailable", "SwapFree"))
-    except (OSError, ValueError):
+        lines = Path("/proc/meminfo").read_text().splitlines()
+        fields = (line.partition(":") for line in lines)  # "MemAvailable:   23789812 kB"
+        meminfo = {name: int(rest.split()[0]) * 1024 for name, _, rest in fields}
+    except (OSError, ValueError, IndexError):
         return None
-    if device.type != "cpu" or "MemAvailable" not in meminfo:
+    if "MemAvailable" not in meminfo:
         return None
-    room = container_room()
+    free, room = meminfo["MemAvailable"] + meminfo.get("SwapFree", 0), container_room()
     return free if room is None else min(free, room)
 
 
@@ -307,15 +317,12 @@ def container_room() -> int | None:
 
 
 def check_memory(need: int, device, what: str, error: type[Exception] = CheckpointError) -> None:
-    """Refuse, in one line, what would take more memory than `device` has free: refused here, it is a message;
-    attempted, the kernel kills the process without one, or it swaps for hours."""
+    """Refuse, in one line, what would take more memory than `device` has free: refused here, it is
+    a message; attempted, the kernel kills the process without one, or it swaps for hours."""
     free = available_memory(device)
     if free is not None and need > free:
-        raise error(f"{what} need about {gigabytes(need)}, and {torch.device(device)} has {gigabytes(free)} free")
-
-
-def gigabytes(count: int) -> str:
-    return f"{count / 1e9:.3g} GB" if count < 1e15 else f"{count:.3g} bytes"
+        raise error(f"{what} need about {need / 1e9:.3g} GB, and {torch.device(device)} has "
+                    f"{free / 1e9:.3g} GB free")
 
 
 def save(folder, model: nn.Module, name_map: dict[str, str] | None, config: dict,

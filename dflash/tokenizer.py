@@ -29,7 +29,7 @@ TOKENIZER_FILES = {"tokenizer.json": lambda data: data, "tokenizer.json.xz": lzm
 
 
 def config_file(path: Path) -> dict:
-    """A config file's contents, or {} when the folder does not have it; anything but a JSON object is refused."""
+    """A config file's contents, or {} when the folder does not have it; not an object: refused."""
     if not path.exists():
         return {}
     config = read_json(path, TokenizerError)
@@ -48,7 +48,8 @@ def find_stop_token_ids(folder: Path, raw: RawTokenizer | None) -> tuple[int, ..
         eos_token = config_file(path).get("eos_token")
         eos_token = eos_token.get("content") if isinstance(eos_token, dict) else eos_token  # older files: a dict
         if eos_token is not None and not isinstance(eos_token, str):
-            raise TokenizerError(f"{path}: eos_token must be a token's text, got {json.dumps(eos_token)}")
+            raise TokenizerError(f"{path}: eos_token must be a token's text, got "
+                                 f"{json.dumps(eos_token)}")
         if isinstance(eos_token, str):
             if raw.token_to_id(eos_token) is None:
                 raise TokenizerError(f"{path}: eos_token {eos_token!r} is not in the vocab")
@@ -58,23 +59,27 @@ def find_stop_token_ids(folder: Path, raw: RawTokenizer | None) -> tuple[int, ..
 
 
 def generation_eos_ids(folder: Path, raw: RawTokenizer | None) -> list[int]:
-    """`generation_config.json`'s eos_token_id (an id or a list of them) as a list, checked: an id no token has
-    could never end a reply, so a typo there would let every reply run to its limit without a word."""
+    """`generation_config.json`'s eos_token_id (an id or a list of them) as a list, checked: an id
+    no token has could never end a reply, and every reply would run to its limit without a word."""
     path = folder / "generation_config.json"
     eos_ids = config_file(path).get("eos_token_id")
     stop_ids = [eos_ids] if is_integer(eos_ids) else eos_ids if isinstance(eos_ids, list) else None
-    if eos_ids is not None and not (stop_ids is not None and all(is_integer(i) for i in stop_ids)):
-        raise TokenizerError(f"{path}: eos_token_id must be a token id or a list of them, got {json.dumps(eos_ids)}")
-    vocab_size = model_vocab_size(folder) or (raw.get_vocab_size(with_added_tokens=True) if raw else None)
+    if eos_ids is not None and not (stop_ids is not None and all(map(is_integer, stop_ids))):
+        raise TokenizerError(f"{path}: eos_token_id must be a token id or a list of them, got "
+                             f"{json.dumps(eos_ids)}")
+    vocab_size = model_vocab_size(folder)
+    if vocab_size is None and raw is not None:
+        vocab_size = raw.get_vocab_size(with_added_tokens=True)
     outside = [i for i in stop_ids or [] if vocab_size is not None and not 0 <= i < vocab_size]
     if outside:
-        raise TokenizerError(f"{path}: eos_token_id {outside[0]} is outside the vocabulary (0..{vocab_size - 1})")
+        raise TokenizerError(f"{path}: eos_token_id {outside[0]} is outside the vocabulary "
+                             f"(0..{vocab_size - 1})")
     return list(stop_ids or [])
 
 
 def model_vocab_size(folder: Path) -> int | None:
-    """The vocabulary the checkpoint's `config.json` declares, when it reads as one (its own errors are the
-    model loader's to report)."""
+    """The vocabulary the checkpoint's `config.json` declares, when it reads as one (its errors are
+    the model loader's to report)."""
     try:
         vocab_size = config_file(folder / "config.json").get("vocab_size")
     except TokenizerError:
