@@ -101,7 +101,11 @@ def qwen3_fields(raw: dict, source: str, names: list[str]) -> dict:
     for field in ("rope_scaling", "use_sliding_window"):
         if raw.get(field):
             raise CheckpointError(f"{source}: {field}={raw[field]!r} is not supported")
-    others = {index: kind for index, kind in enumerate(raw.get("layer_types") or []) if kind != "full_attention"}
+    layer_types = raw.get("layer_types") or []
+    if not isinstance(layer_types, list):
+        raise CheckpointError(f"{source}: layer_types must be a list (one kind per layer), got "
+                              f"{json.dumps(layer_types)}")
+    others = {index: kind for index, kind in enumerate(layer_types) if kind != "full_attention"}
     if others:  # sliding-window layers, as some newer drafters are written, would attend to what they must not see
         kinds = " and ".join(repr(kind) for kind in dict.fromkeys(others.values()))
         raise CheckpointError(f"{source}: layer_types: layer(s) {', '.join(map(str, others))} are {kinds}; only "
@@ -160,13 +164,14 @@ def block_size_of(raw: dict, dflash: dict, source: str) -> int:
              if value is not None}
     if not found:
         raise CheckpointError(f"{source}: block_size is missing (neither at the top level nor in dflash_config)")
+    for name, value in found.items():
+        if not is_integer(value) or value < 2:  # a block is the last known token and one guess or more
+            raise CheckpointError(f"{source}: {name} must be an integer of at least 2 (the last token "
+                                  f"and one or more slots to draft), got {json.dumps(value)}")
     if len(set(found.values())) > 1:
         raise CheckpointError(f"{source}: block_size={raw['block_size']!r} and dflash_config.block_size="
                               f"{dflash['block_size']!r} disagree")
     name, value = next(iter(found.items()))
-    if not is_integer(value) or value < 2:  # a block is the last known token and one guess or more
-        raise CheckpointError(f"{source}: {name} must be an integer of at least 2 (the last token "
-                              f"and one or more slots to draft), got {json.dumps(value)}")
     positions = raw.get("max_position_embeddings")
     if is_integer(positions) and value > positions:  # a block past its positions was never trained
         raise CheckpointError(f"{source}: {name} {value} is more than the drafter's "

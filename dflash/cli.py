@@ -89,6 +89,9 @@ def checked(kind: type, rule: str, ok: Callable) -> Callable[[str], object]:
 positive_int = checked(int, "positive", lambda x: x > 0)
 seed = checked(int, "an integer in 0..2**64 - 1 (what torch's generators take)",
                lambda x: 0 <= x < 2**64)
+CORES = os.cpu_count() or 1
+thread_count = checked(int, f"an integer in 1..{CORES} (the cores here: more only wait on each other)",
+                       lambda x: 1 <= x <= CORES)
 positive = checked(float, "a finite number above 0", lambda x: 0 < x < math.inf)  # nan fails every comparison
 non_negative = checked(float, "a finite number >= 0", lambda x: 0 <= x < math.inf)  # a temperature, say
 
