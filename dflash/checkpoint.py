@@ -294,9 +294,22 @@ LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # model.layers.3.* (a targ
 def available_memory(device) -> int | None:
     """Bytes `device` could still give this process: CUDA's free memory; on a Linux CPU the kernel's
     MemAvailable plus free swap, capped by a container's limit (cgroup v2). None: it cannot tell."""
+    return device_memory(device, ("MemAvailable", "SwapFree"),
+                         lambda cuda: torch.cuda.mem_get_info(cuda)[0])
+
+
+def total_memory(device) -> int | None:
+    """Bytes `device` has in all, taken or not: its RAM and swap (or a container's limit), or a GPU's."""
+    return device_memory(device, ("MemTotal", "SwapTotal"),
+                         lambda cuda: torch.cuda.get_device_properties(cuda).total_memory)
+
+
+def device_memory(device, meminfo_fields: tuple[str, str], cuda_memory) -> int | None:
+    """`cuda_memory(device)` on CUDA; on a Linux CPU the two /proc/meminfo fields summed (memory and
+    swap), capped by a container's memory limit. None where it cannot tell."""
     device = torch.device(device)
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+        return cuda_memory(device)
     if device.type != "cpu":
         return None
     try:
@@ -305,29 +318,33 @@ def available_memory(device) -> int | None:
         meminfo = {name: int(rest.split()[0]) * 1024 for name, _, rest in fields}
     except (OSError, ValueError, IndexError):
         return None
-    if "MemAvailable" not in meminfo:
+    memory, swap = meminfo_fields
+    if memory not in meminfo:
         return None
-    free, room = meminfo["MemAvailable"] + meminfo.get("SwapFree", 0), container_room()
-    return free if room is None else min(free, room)
+    room = container_room(total=memory == "MemTotal")
+    return meminfo[memory] + meminfo.get(swap, 0) if room is None else min(room, meminfo[memory])
 
 
-def container_room() -> int | None:
-    """What a container's memory limit (cgroup v2) still allows, or None without one."""
+def container_room(total: bool) -> int | None:
+    """A container's memory limit (cgroup v2), or what it still allows (not `total`); None without one."""
     cgroup = Path("/sys/fs/cgroup")
     try:
         limit = (cgroup / "memory.max").read_text().strip()
-        return None if limit == "max" else int(limit) - int((cgroup / "memory.current").read_text())
+        if limit == "max":
+            return None
+        return int(limit) - (0 if total else int((cgroup / "memory.current").read_text()))
     except (OSError, ValueError):
         return None
 
 
-def check_memory(need: int, device, what: str, error: type[Exception] = CheckpointError) -> None:
-    """Refuse, in one line, what would take more memory than `device` has free: refused here, it is
-    a message; attempted, the kernel kills the process without one, or it swaps for hours."""
-    free = available_memory(device)
-    if free is not None and need > free:
+def check_memory(need: int, device, what: str, error: type[Exception] = CheckpointError, *,
+                 in_all: bool = False) -> None:
+    """Refuse, in one line, what would take more memory than `device` has free (or, `in_all`, has at
+    all): refused here, it is a message; attempted, the kernel kills the process without one."""
+    have = total_memory(device) if in_all else available_memory(device)
+    if have is not None and need > have:
         raise error(f"{what} need about {need / 1e9:.3g} GB, and {torch.device(device)} has "
-                    f"{free / 1e9:.3g} GB free")
+                    f"{have / 1e9:.3g} GB{' in all' if in_all else ' free'}")
 
 
 def save(folder, model: nn.Module, name_map: dict[str, str] | None, config: dict,

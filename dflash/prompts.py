@@ -150,10 +150,11 @@ def check_request(target, drafter, prompt_ids: Sequence[int], max_new_tokens: in
 
 def check_request_memory(target, drafter, n: int, max_new_tokens: int, block: int,
                          where: str) -> None:
-    """Refuse a request whose caches and widest pass would not fit in the free memory: the runner
-    allocates a cache slot per position (the prompt's, the new tokens', a last block or tree that
-    may reach past them), and a pass of `chunk` rows holds attention scores against every slot and
-    logits over the vocabulary."""
+    """Refuse a request whose caches and widest pass would not fit in the device's memory: the
+    runner allocates a cache slot per position (the prompt's, the new tokens', a last block or tree
+    that may reach past them), and a pass of `chunk` rows holds attention scores against every slot
+    and logits over the vocabulary. Against all of the memory, not what is free: once the runner has
+    its caches they are no longer free, and the loops check each request again."""
     weight, config = target.embed_tokens.weight, target.config
     slots = n + max_new_tokens + block
     chunk = max(n, 2 * block)  # the prefill's, or a draft's: a block of context and the block
@@ -164,7 +165,7 @@ def check_request_memory(target, drafter, n: int, max_new_tokens: int, block: in
     need = (slots + block) * per_slot * weight.element_size() + scores + logits
     check_memory(need, weight.device, f"{where}: the {slots} cache slots (the prompt's {n} "
                  f"tokens, max_new_tokens {max_new_tokens}, a block or tree of {block}) and a pass "
-                 "over them", UsageError)
+                 "over them", UsageError, in_all=True)
 
 
 def cache_elements_per_slot(config) -> int:

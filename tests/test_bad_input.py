@@ -9,6 +9,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -515,8 +516,22 @@ def test_cache_slots_past_the_free_memory_are_refused_before_the_runner(tmp_path
     with within(30):
         line = refused(generate.main, ["--model", str(target), *PAIR[2:], "--prompt-ids", "1,2",
                                        "--max-new-tokens", "2000000000"], capsys, "2000000010 cache slots",
-                       "max_new_tokens 2000000000", "free")
-    assert "GB" in line or "bytes" in line
+                       "max_new_tokens 2000000000", "GB in all")
+    assert re.search(r"need about [\d.e+]+ GB", line), line
+
+
+def test_a_request_is_measured_against_all_memory_not_what_its_own_caches_took(monkeypatch):
+    """The loops check each request again once the runner holds its caches: against the free memory, a
+    request the runner was built for would be refused for the memory the runner itself took."""
+    from dflash import checkpoint
+    from dflash.prompts import check_request
+
+    target, drafter = Qwen3.from_pretrained(TARGET), Drafter.from_pretrained(DRAFTER)
+    monkeypatch.setattr(checkpoint, "available_memory", lambda device: 0)
+    check_request(target, drafter, [1, 2], 100, block_size=8)
+    monkeypatch.setattr(checkpoint, "total_memory", lambda device: 10_000)
+    with pytest.raises(UsageError, match=r"the 110 cache slots .* need about .* GB, and cpu has 1e-05 GB in all"):
+        check_request(target, drafter, [1, 2], 100, block_size=8)
 
 
 @pytest.mark.parametrize("name", ["tokenizer_config.json", "generation_config.json"])
