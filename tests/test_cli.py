@@ -185,3 +185,16 @@ def test_a_device_index_must_exist():
     for name in ("cpu:5", "cuda:1000"):
         with pytest.raises(UsageError, match=f"device '{name}' is not available here"):
             pick_device(name)
+
+
+def test_a_thread_count_is_bounded_by_the_cores():
+    """Found by tests/test_walk_options.py: bench.py --threads 1180591620717411303424 overflowed in torch."""
+    import argparse
+    import os
+
+    from dflash.cli import thread_count
+
+    assert thread_count("1") == 1 and thread_count(str(os.cpu_count())) == os.cpu_count()
+    for bad in ("0", str(os.cpu_count() + 1), "1180591620717411303424"):
+        with pytest.raises(argparse.ArgumentTypeError, match="an integer in 1.."):
+            thread_count(bad)
