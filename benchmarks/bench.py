@@ -32,7 +32,7 @@ import torch  # noqa: E402
 import generate  # noqa: E402
 from bench_common import peak_memory, print_table  # noqa: E402
 from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_output, checked, non_negative,  # noqa: E402
-                        pick_device, pick_dtype, positive_int, run_cli)
+                        pick_device, pick_dtype, positive_int, run_cli, seed, thread_count)
 from dflash.drafter import Drafter  # noqa: E402
 from dflash.measure import (BenchPrompt, Loops, Run, distinct_ngram_ratio, left_out, loop_figures, ratio,  # noqa: E402
                             step_ms, summarize_row)
@@ -259,13 +259,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--filters", nargs="+", choices=["none", "config"], default=["none"],
                    help="above temperature 0: the bare softmax, and/or the top-k/top-p of generation_config.json")
     p.add_argument("--max-new-tokens", type=positive_int, default=128)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     add_device_options(p)
     p.add_argument("--compile", nargs="?", const="on", choices=["on", "off", "both"], default=None,
                    help="torch.compile the fixed-shape passes; `both`: eager, then compiled, each speedup also against "
                         "the faster of the two plain loops (default: on for CUDA, off for the CPU)")
     p.add_argument("--no-compile", dest="compile", action="store_const", const="off", help="the eager passes only")
-    p.add_argument("--threads", type=positive_int, help="CPU threads for torch (default: torch's own choice)")
+    p.add_argument("--threads", type=thread_count, help="CPU threads for torch (default: torch's own choice)")
     add_prompt_options(p)
     p.add_argument("--oracle", action=argparse.BooleanOptionalAction, default=True, help="also the ceiling, greedy")
     p.add_argument("--peer", choices=["transformers"], help="also time transformers' greedy generate (`peer` extra)")

@@ -34,8 +34,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from dflash.checkpoint import read_text  # noqa: E402
-from dflash.cli import (OneLineErrors, UsageError, add_device_options, int_list, pick_device, pick_dtype,  # noqa: E402
-                        positive_int, run_cli)
+from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_output,  # noqa: E402
+                        check_token_ids, int_list, pick_device, pick_dtype, positive_int, run_cli)
 from dflash.drafter import Drafter  # noqa: E402
 from dflash.prompts import PROMPT_FORMAT, add_prompt_options, encode_for_generation, read_prompts  # noqa: E402
 from dflash.qwen3 import Qwen3  # noqa: E402
@@ -261,8 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
+    if args.json:
+        check_output(Path(args.json), "--json")  # not only after the whole check has run
     device = pick_device(args.device)
     target = Qwen3.from_pretrained(args.model, device=device, dtype=pick_dtype(args.dtype, device))
+    check_token_ids(args.mask_token_ids, target.config.vocab_size, "--mask-token-ids")
     drafter = Drafter.from_pretrained(args.draft, target, device=device, dtype=target.embed_tokens.weight.dtype)
     tokenizer = find_tokenizer(Path(args.model))
     prompts = [encode_for_generation(prompt, tokenizer, args.chat, args.thinking, args.token_healing)
@@ -272,6 +275,7 @@ def run(args) -> int:
                            training_log_claim(Path(args.draft)))
     print_report(report)
     if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(asdict(report), indent=2) + "\n")
     return 0
 

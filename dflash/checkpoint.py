@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -21,12 +22,23 @@ class CheckpointError(ValueError):
 
 def read_text(path: Path, error: type[Exception] = CheckpointError, what: str = "file") -> str:
     """A file's text; every way reading it fails is one `error` naming the file."""
+    check_regular_file(path, error, what)
     try:
         return Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise error(f"{path}: {what} not found") from None
     except (OSError, UnicodeDecodeError) as err:
         raise error(f"{path}: cannot read the {what} ({err})") from None
+
+
+def check_regular_file(path: Path, error: type[Exception] = CheckpointError,
+                       what: str = "file") -> None:
+    """Refuse what is there but is no regular file: opening a FIFO waits for a writer forever,
+    reading a device may never end."""
+    path = Path(path)
+    if path.exists() and not path.is_file():
+        kind = "a folder" if path.is_dir() else "not a regular file (a FIFO, a device or a socket)"
+        raise error(f"{path}: the {what} is {kind}")
 
 
 def parse_json(text: str, where, error: type[Exception] = CheckpointError):
@@ -51,16 +63,22 @@ def is_number(value) -> bool:
 
 
 # What a field must be: (the rule as an error message says it, the test). Shared by the config checkers.
-POSITIVE_INTEGER = ("a positive integer", lambda value: is_integer(value) and value > 0)
 NON_NEGATIVE_INTEGER = ("an integer >= 0", lambda value: is_integer(value) and value >= 0)
+# A size (a width, a count of layers or positions) or a token id: torch counts elements in 64-bit
+# integers, and products of sizes must stay below that; no size a real model has comes near 2**31.
+SIZE_LIMIT = 2**31 - 1
+SIZE = ("a positive integer up to 2**31 - 1",
+        lambda value: is_integer(value) and 0 < value <= SIZE_LIMIT)
+TOKEN_ID = ("an integer in 0..2**31 - 1",
+            lambda value: is_integer(value) and 0 <= value <= SIZE_LIMIT)
 POSITIVE_NUMBER = ("a finite number above 0", lambda value: is_number(value) and value > 0)
 BOOLEAN = ("true or false", lambda value: isinstance(value, bool))
 
 # Every `config.json` field a Qwen3 model reads, and what it must be.
 QWEN3_FIELD_RULES = {
-    "vocab_size": POSITIVE_INTEGER, "hidden_size": POSITIVE_INTEGER, "intermediate_size": POSITIVE_INTEGER,
-    "num_hidden_layers": POSITIVE_INTEGER, "num_attention_heads": POSITIVE_INTEGER,
-    "num_key_value_heads": POSITIVE_INTEGER, "head_dim": POSITIVE_INTEGER, "max_position_embeddings": POSITIVE_INTEGER,
+    "vocab_size": SIZE, "hidden_size": SIZE, "intermediate_size": SIZE, "num_hidden_layers": SIZE,
+    "num_attention_heads": SIZE, "num_key_value_heads": SIZE, "head_dim": SIZE,
+    "max_position_embeddings": SIZE,
     "rms_norm_eps": POSITIVE_NUMBER, "rope_theta": POSITIVE_NUMBER,
     "tie_word_embeddings": BOOLEAN, "attention_bias": BOOLEAN}
 
@@ -83,7 +101,11 @@ def qwen3_fields(raw: dict, source: str, names: list[str]) -> dict:
     for field in ("rope_scaling", "use_sliding_window"):
         if raw.get(field):
             raise CheckpointError(f"{source}: {field}={raw[field]!r} is not supported")
-    others = {index: kind for index, kind in enumerate(raw.get("layer_types") or []) if kind != "full_attention"}
+    layer_types = raw.get("layer_types") or []
+    if not isinstance(layer_types, list):
+        raise CheckpointError(f"{source}: layer_types must be a list (one kind per layer), got "
+                              f"{json.dumps(layer_types)}")
+    others = {index: kind for index, kind in enumerate(layer_types) if kind != "full_attention"}
     if others:  # sliding-window layers, as some newer drafters are written, would attend to what they must not see
         kinds = " and ".join(repr(kind) for kind in dict.fromkeys(others.values()))
         raise CheckpointError(f"{source}: layer_types: layer(s) {', '.join(map(str, others))} are {kinds}; only "
@@ -115,10 +137,10 @@ def qwen3_fields(raw: dict, source: str, names: list[str]) -> dict:
 
 # The DFlash fields of a drafter's `config.json` (its layers' are Qwen3's), and what each must be.
 DRAFTER_FIELD_RULES = {
-    "num_target_layers": POSITIVE_INTEGER, "dflash_config.block_size": POSITIVE_INTEGER,
-    "dflash_config.mask_token_id": NON_NEGATIVE_INTEGER,
-    "dflash_config.target_layer_ids": ("a non-empty list of layer indices (integers >= 0)", lambda ids: (
-        isinstance(ids, list) and bool(ids) and all(NON_NEGATIVE_INTEGER[1](i) for i in ids)))}
+    "num_target_layers": SIZE, "dflash_config.mask_token_id": TOKEN_ID,
+    "dflash_config.target_layer_ids": (
+        "a non-empty list of layer indices (integers in 0..2**31 - 1)",
+        lambda ids: isinstance(ids, list) and bool(ids) and all(TOKEN_ID[1](i) for i in ids))}
 
 
 def drafter_fields(raw: dict, source: str) -> dict:
@@ -142,12 +164,18 @@ def block_size_of(raw: dict, dflash: dict, source: str) -> int:
              if value is not None}
     if not found:
         raise CheckpointError(f"{source}: block_size is missing (neither at the top level nor in dflash_config)")
+    for name, value in found.items():
+        if not is_integer(value) or value < 2:  # a block is the last known token and one guess or more
+            raise CheckpointError(f"{source}: {name} must be an integer of at least 2 (the last token "
+                                  f"and one or more slots to draft), got {json.dumps(value)}")
     if len(set(found.values())) > 1:
         raise CheckpointError(f"{source}: block_size={raw['block_size']!r} and dflash_config.block_size="
                               f"{dflash['block_size']!r} disagree")
     name, value = next(iter(found.items()))
-    if not isinstance(value, int) or value < 1:
-        raise CheckpointError(f"{source}: {name} must be a positive integer, got {value!r}")
+    positions = raw.get("max_position_embeddings")
+    if is_integer(positions) and value > positions:  # a block past its positions was never trained
+        raise CheckpointError(f"{source}: {name} {value} is more than the drafter's "
+                              f"max_position_embeddings ({positions})")
     return value
 
 
@@ -171,6 +199,7 @@ def checkpoint_files(folder: Path) -> dict[str, Path]:
 
 def open_safetensors(file: Path):
     """A lazy handle on one safetensors file: tensors are memory-mapped when read, never unpickled."""
+    check_regular_file(file, what="safetensors file")
     try:
         return safe_open(str(file), framework="pt", device="cpu")
     except Exception as err:  # safetensors raises its own error types for corrupt headers
@@ -217,13 +246,105 @@ def checkpoint_folder(path, what: str) -> Path:
 def load_pretrained(cls, config, folder: Path, names: Callable[[nn.Module], dict[str, str]] | None, device,
                     dtype: torch.dtype, *, skip: frozenset[str] = frozenset(), trainable: bool = False):
     """`cls(config)` built on the `meta` device, so an 8B model never exists twice in memory, filled from `folder`
-    (`names(model)`: the name map; None: ours). RoPE's frequencies are not stored: recomputed in float32 on `device`."""
-    with torch.device("meta"):
-        model = cls(config)
+    (`names(model)`: the name map; None: ours). RoPE's frequencies are not stored: recomputed in float32 on `device`.
+    What the config would build is checked first: against the tensors stored and the free memory."""
+    stored = stored_shapes(folder, skip)
+    check_layer_count(config, stored, folder)
+    weights = sum(math.prod(shape) for shape in stored.values()) * dtype.itemsize
+    check_memory(weights, device, f"{folder}: its weights in {str(dtype).removeprefix('torch.')}")
+    try:
+        with torch.device("meta"):
+            model = cls(config)
+    except RuntimeError as err:  # "Storage size calculation overflowed": sizes past 64 bits
+        message = f"{folder / 'config.json'}: its sizes cannot be built ({err})"
+        raise CheckpointError(message) from None
     name_map = names(model) if names is not None else {name: name for name, _ in model.named_parameters()}
     load_into(model, folder, name_map, device, dtype, skip=skip, trainable=trainable)
     model.rotary.inv_freq = model.rotary.inverse_frequencies(device)
     return model.eval()
+
+
+# ------------------------------------------------ what a load or a cache would take, asked first
+
+
+def stored_shapes(folder: Path, skip: frozenset[str] = frozenset()) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape, read from the safetensors headers alone: nothing is loaded."""
+    files, shapes = checkpoint_files(folder), {}
+    for file in dict.fromkeys(files.values()):
+        with open_safetensors(file) as handle:
+            shapes.update({name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()
+                           if files.get(name) == file and name not in skip})
+    return shapes
+
+
+def check_layer_count(config, stored: dict[str, tuple[int, ...]], folder: Path) -> None:
+    """Refuse a config with more or fewer decoder layers than the checkpoint stores (`layers.<i>.`
+    in the tensors' names) before they are built: a billion layers take hours and all the memory
+    to build, only to be refused at the first missing tensor. A drafter's are `config.layers`."""
+    declared = getattr(getattr(config, "layers", config), "num_hidden_layers", None)
+    found = {match.group(1) for name in stored if (match := LAYER_INDEX.search(name))}
+    if declared is not None and declared != len(found):
+        raise CheckpointError(f"{folder / 'config.json'}: num_hidden_layers is {declared}, but the "
+                              f"checkpoint's tensors hold {len(found)} layers")
+
+
+LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # model.layers.3.* (a target), layers.3.* (a drafter)
+
+
+def available_memory(device) -> int | None:
+    """Bytes `device` could still give this process: CUDA's free memory; on a Linux CPU the kernel's
+    MemAvailable plus free swap, capped by a container's limit (cgroup v2). None: it cannot tell."""
+    return device_memory(device, ("MemAvailable", "SwapFree"),
+                         lambda cuda: torch.cuda.mem_get_info(cuda)[0])
+
+
+def total_memory(device) -> int | None:
+    """Bytes `device` has in all, taken or not: its RAM and swap (or a container's limit), or a GPU's."""
+    return device_memory(device, ("MemTotal", "SwapTotal"),
+                         lambda cuda: torch.cuda.get_device_properties(cuda).total_memory)
+
+
+def device_memory(device, meminfo_fields: tuple[str, str], cuda_memory) -> int | None:
+    """`cuda_memory(device)` on CUDA; on a Linux CPU the two /proc/meminfo fields summed (memory and
+    swap), capped by a container's memory limit. None where it cannot tell."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return cuda_memory(device)
+    if device.type != "cpu":
+        return None
+    try:
+        lines = Path("/proc/meminfo").read_text().splitlines()
+        fields = (line.partition(":") for line in lines)  # "MemAvailable:   23789812 kB"
+        meminfo = {name: int(rest.split()[0]) * 1024 for name, _, rest in fields}
+    except (OSError, ValueError, IndexError):
+        return None
+    memory, swap = meminfo_fields
+    if memory not in meminfo:
+        return None
+    room = container_room(total=memory == "MemTotal")
+    return meminfo[memory] + meminfo.get(swap, 0) if room is None else min(room, meminfo[memory])
+
+
+def container_room(total: bool) -> int | None:
+    """A container's memory limit (cgroup v2), or what it still allows (not `total`); None without one."""
+    cgroup = Path("/sys/fs/cgroup")
+    try:
+        limit = (cgroup / "memory.max").read_text().strip()
+        if limit == "max":
+            return None
+        return int(limit) - (0 if total else int((cgroup / "memory.current").read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def check_memory(need: int, device, what: str, error: type[Exception] = CheckpointError, *,
+                 in_all: bool = False) -> None:
+    """Refuse, in one line, what would take more memory than `device` has free (or, `in_all`, has at
+    all): refused here, it is a message; attempted, the kernel kills the process without one."""
+    have = total_memory(device) if in_all else available_memory(device)
+    if have is not None and need > have:
+        raise error(f"{what} need about {need / 1e9:.3g} GB, and {torch.device(device)} has "
+                    f"{have / 1e9:.3g} GB{' in all' if in_all else ' free'}")
 
 
 def save(folder, model: nn.Module, name_map: dict[str, str] | None, config: dict,

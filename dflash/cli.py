@@ -55,10 +55,16 @@ def pick_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     try:
         device = torch.device(name)
-        if device.type == "cpu" or (device.type == "cuda" and torch.cuda.is_available()):
-            return device
     except RuntimeError:  # not a device name at all
-        pass
+        device = None
+    if device is not None and device.type == "cpu" and device.index in (None, 0):  # cpu:5 is no cpu
+        return device
+    if device is not None and device.type == "cuda" and torch.cuda.is_available():
+        if device.index is None or device.index < torch.cuda.device_count():
+            return device
+        count = torch.cuda.device_count()
+        raise UsageError(f"device {name!r} is not available here: {count} CUDA device(s), "
+                         f"cuda:0..cuda:{count - 1}")
     raise UsageError(f"device {name!r} is not available here (use cpu, auto, or cuda where CUDA is)")
 
 
@@ -81,6 +87,11 @@ def checked(kind: type, rule: str, ok: Callable) -> Callable[[str], object]:
 
 
 positive_int = checked(int, "positive", lambda x: x > 0)
+seed = checked(int, "an integer in 0..2**64 - 1 (what torch's generators take)",
+               lambda x: 0 <= x < 2**64)
+CORES = os.cpu_count() or 1
+thread_count = checked(int, f"an integer in 1..{CORES} (the cores here: more only wait on each other)",
+                       lambda x: 1 <= x <= CORES)
 positive = checked(float, "a finite number above 0", lambda x: 0 < x < math.inf)  # nan fails every comparison
 non_negative = checked(float, "a finite number >= 0", lambda x: 0 <= x < math.inf)  # a temperature, say
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from dflash.checkpoint import check_memory
 from dflash.cli import UsageError, check_token_ids, jsonl_records
 from dflash.tokenizer import Tokenizer
 
@@ -143,6 +144,34 @@ def check_request(target, drafter, prompt_ids: Sequence[int], max_new_tokens: in
     if tree_budget + 1 > limit - n:  # its nodes take cache slots after the prompt; its mask is (nodes + 1)^2
         raise UsageError(f"a tree of {tree_budget} nodes does not fit after the prompt's {n} tokens in the model's "
                          f"max_position_embeddings ({limit})")
+    check_request_memory(target, drafter, n, max_new_tokens, max(block_size, tree_budget + 1),
+                         where)
+
+
+def check_request_memory(target, drafter, n: int, max_new_tokens: int, block: int,
+                         where: str) -> None:
+    """Refuse a request whose caches and widest pass would not fit in the device's memory: the
+    runner allocates a cache slot per position (the prompt's, the new tokens', a last block or tree
+    that may reach past them), and a pass of `chunk` rows holds attention scores against every slot
+    and logits over the vocabulary. Against all of the memory, not what is free: once the runner has
+    its caches they are no longer free, and the loops check each request again."""
+    weight, config = target.embed_tokens.weight, target.config
+    slots = n + max_new_tokens + block
+    chunk = max(n, 2 * block)  # the prefill's, or a draft's: a block of context and the block
+    per_slot = cache_elements_per_slot(config)
+    per_slot += cache_elements_per_slot(drafter.config.layers) if drafter is not None else 0
+    scores = config.num_attention_heads * chunk * (slots + block) * 4  # float32
+    logits = chunk * config.vocab_size * (4 + 8 + 8)  # float32 logits; float64 probabilities, sums
+    need = (slots + block) * per_slot * weight.element_size() + scores + logits
+    check_memory(need, weight.device, f"{where}: the {slots} cache slots (the prompt's {n} "
+                 f"tokens, max_new_tokens {max_new_tokens}, a block or tree of {block}) and a pass "
+                 "over them", UsageError, in_all=True)
+
+
+def cache_elements_per_slot(config) -> int:
+    """Elements one position takes in a `KVCache` of a Qwen3 stack shaped by `config`: a key and a
+    value per layer."""
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim
 
 
 def check_no_mask_token(drafter, prompt_ids: Sequence[int], where: str) -> None:

@@ -16,6 +16,11 @@ from dflash.cli import UsageError, non_negative
 from dflash.qwen3 import argmax
 
 
+# A temperature under this is taken as 0 (greedy): that cold, a draw is the argmax but for exact
+# ties, and float32 logits divided by 1e-39 overflow to inf (by 1e-46, float32's 0: NaN), garbage.
+GREEDY_BELOW = 1e-8
+
+
 @dataclass(frozen=True)
 class Sampling:
     """Argmax at temperature 0, else a draw from the tempered softmax cut down by top-k, then top-p, then min-p."""
@@ -28,6 +33,8 @@ class Sampling:
     def __post_init__(self):
         if not 0 <= self.temperature < math.inf:  # nan fails every comparison
             raise UsageError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if self.temperature < GREEDY_BELOW:  # see GREEDY_BELOW: no draw, but the argmax
+            object.__setattr__(self, "temperature", 0.0)
         if self.top_k < 0:
             raise UsageError(f"top-k must be >= 0 (0: no limit), got {self.top_k}")
         if not 0 < self.top_p <= 1:
@@ -134,29 +141,45 @@ def verdicts(target_probs: torch.Tensor, drafts: torch.Tensor, draft_probs: torc
 def sampled_slots(policy: str, block_size: int, sampling: Sampling) -> int:
     """How many leading draft slots `policy` samples from the drafter (the rest are its argmax)."""
     name, _, count = policy.partition(":")
+    mixed = name == "mixed" and count.isdigit() and 1 <= int(count) < block_size
+    if policy not in ("greedy", "sampled") and not mixed:  # unknown comes first: a typo is a typo
+        raise UsageError(f"draft policy must be greedy, sampled or mixed:K with 1 <= K < "
+                         f"{block_size}, got {policy!r}")
     if policy == "greedy":
         return 0
     if sampling.greedy:
         raise UsageError(f"draft policy {policy!r} samples drafts, which needs a temperature above 0")
-    if policy == "sampled":
-        return block_size - 1
-    if name == "mixed" and count.isdigit() and 1 <= int(count) < block_size:
-        return int(count)
-    raise UsageError(f"draft policy must be greedy, sampled or mixed:K with 1 <= K < {block_size}, got {policy!r}")
+    return block_size - 1 if policy == "sampled" else int(count)
+
+
+def known_draft_policy(text: str) -> str:
+    """An argparse type: greedy, sampled or mixed:K with K >= 1 (whether K fits the block is for
+    `sampled_slots` to say, once the block size is known)."""
+    name, _, count = text.partition(":")
+    if text in ("greedy", "sampled") or (name == "mixed" and count.isdigit() and int(count) >= 1):
+        return text
+    raise argparse.ArgumentTypeError(f"unknown draft policy {text!r} (greedy, sampled or "
+                                     "mixed:K with K >= 1)")
 
 
 def add_sampling_options(parser: argparse.ArgumentParser, draft_policy: bool = True) -> None:
-    """How tokens are drawn, alike in generate.py, bench.py and make_data.py (which drafts nothing)."""
-    parser.add_argument("--temperature", type=non_negative, default=0.0, help="0 = greedy (the default)")
-    parser.add_argument("--top-k", type=int, default=0, help="sample among the k likeliest tokens only (0: all)")
-    parser.add_argument("--top-p", type=float, default=1.0, help="sample among the likeliest tokens that sum to p")
-    parser.add_argument("--min-p", type=float, default=0.0, help="drop tokens under min-p times the top probability")
-    parser.add_argument("--sample-from-config", action="store_true",
-                        help="take temperature, top-k and top-p from the model's generation_config.json")
+    """How tokens are drawn, alike in generate.py, bench.py and make_data.py (which drafts nothing).
+    The four numbers default to None, "not given", so that one given explicitly wins over
+    `--sample-from-config` (`sampling_of`)."""
+    add = parser.add_argument
+    add("--temperature", type=non_negative, help=f"0 = greedy (the default); one under "
+        f"{GREEDY_BELOW:g} counts as 0 (that cold a draw is the argmax, and float32 cannot divide "
+        "by much less)")
+    add("--top-k", type=int, help="sample among the k likeliest tokens only (default 0: all)")
+    add("--top-p", type=float, help="sample among the likeliest tokens that sum to p (default 1)")
+    add("--min-p", type=float, help="drop tokens under min-p times the top probability (default 0)")
+    add("--sample-from-config", action="store_true", help="take temperature, top-k, top-p and "
+        "min-p from the model's generation_config.json; any of the four options given as well wins "
+        "over the file's value")
     if draft_policy:
-        parser.add_argument("--draft-policy", default="greedy", metavar="greedy|sampled|mixed:K",
-                            help="above temperature 0: draft the drafter's argmax (default), sample every slot "
-                                 "from it, or sample the first K slots")
+        add("--draft-policy", type=known_draft_policy, default="greedy",
+            metavar="greedy|sampled|mixed:K", help="above temperature 0: draft the drafter's argmax "
+            "(default), sample every slot from it, or sample the first K slots")
 
 
 # The fields of `generation_config.json` that say how to sample, and what each must be.
@@ -179,11 +202,15 @@ def generation_config(model: Path) -> dict:
 
 
 def sampling_of(args, model: Path) -> Sampling:
-    """The `Sampling` the options ask for; `--sample-from-config` reads what the checkpoint recommends."""
+    """The `Sampling` the options ask for. `--sample-from-config` starts from what the checkpoint
+    recommends (greedy when its do_sample is not true); an option given explicitly wins over its
+    field."""
+    names = ("temperature", "top_k", "top_p", "min_p")
+    given = {name: getattr(args, name) for name in names if getattr(args, name, None) is not None}
     if not args.sample_from_config:
-        return Sampling(args.temperature, args.top_k, args.top_p, args.min_p)
+        return Sampling(**given)
     config = generation_config(model)
-    if not config.get("do_sample", False):
-        return Sampling()
-    return Sampling(config.get("temperature", 1.0), config.get("top_k", 0), config.get("top_p", 1.0),
-                    config.get("min_p", 0.0))
+    recommended = {name: config[name] for name in names if name in config}
+    if not config.get("do_sample", False):  # the checkpoint recommends greedy decoding: no filters
+        recommended = {"temperature": 0.0}
+    return Sampling(**{"temperature": 1.0, **recommended, **given})

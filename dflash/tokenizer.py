@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import gzip
+import json
 import lzma
 import sys
 from pathlib import Path
@@ -11,7 +12,7 @@ from typing import Iterable, Mapping, Sequence
 
 from tokenizers import Tokenizer as RawTokenizer
 
-from dflash.checkpoint import read_json
+from dflash.checkpoint import is_integer, read_json
 
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 MASK = "<|mask|>"  # only in this project's demo tokenizer: the drafter's "blank" token
@@ -28,25 +29,62 @@ TOKENIZER_FILES = {"tokenizer.json": lambda data: data, "tokenizer.json.xz": lzm
 
 
 def config_file(path: Path) -> dict:
-    """A config file's contents, or {} when the folder does not have it."""
-    return read_json(path, TokenizerError) if path.is_file() else {}
+    """A config file's contents, or {} when the folder does not have it; not an object: refused."""
+    if not path.exists():
+        return {}
+    config = read_json(path, TokenizerError)
+    if not isinstance(config, dict):
+        raise TokenizerError(f"{path}: expected a JSON object, got {type(config).__name__}")
+    return config
 
 
 def find_stop_token_ids(folder: Path, raw: RawTokenizer | None) -> tuple[int, ...]:
     """Every id that ends a reply, in the configs' order, without repeats: Qwen3 needs both `generation_config.json`'s
     ids (`<|endoftext|>`) and, when a vocabulary can look it up, `tokenizer_config.json`'s `eos_token`."""
     folder = Path(folder)
-    eos_ids = config_file(folder / "generation_config.json").get("eos_token_id")  # an int or a list
-    stop_ids = [eos_ids] if isinstance(eos_ids, int) else list(eos_ids) if isinstance(eos_ids, list) else []
+    stop_ids = generation_eos_ids(folder, raw)
     if raw is not None:
-        eos_token = config_file(folder / "tokenizer_config.json").get("eos_token")
+        path = folder / "tokenizer_config.json"
+        eos_token = config_file(path).get("eos_token")
         eos_token = eos_token.get("content") if isinstance(eos_token, dict) else eos_token  # older files: a dict
+        if eos_token is not None and not isinstance(eos_token, str):
+            raise TokenizerError(f"{path}: eos_token must be a token's text, got "
+                                 f"{json.dumps(eos_token)}")
         if isinstance(eos_token, str):
             if raw.token_to_id(eos_token) is None:
-                raise TokenizerError(f"{folder / 'tokenizer_config.json'}: eos_token {eos_token!r} is not in the vocab")
+                raise TokenizerError(f"{path}: eos_token {eos_token!r} is not in the vocab")
             stop_ids.append(raw.token_to_id(eos_token))
         stop_ids = stop_ids or [i for i in (raw.token_to_id(IM_END), raw.token_to_id(END_OF_TEXT)) if i is not None]
     return tuple(dict.fromkeys(stop_ids))  # dict keys: a union that keeps the order
+
+
+def generation_eos_ids(folder: Path, raw: RawTokenizer | None) -> list[int]:
+    """`generation_config.json`'s eos_token_id (an id or a list of them) as a list, checked: an id
+    no token has could never end a reply, and every reply would run to its limit without a word."""
+    path = folder / "generation_config.json"
+    eos_ids = config_file(path).get("eos_token_id")
+    stop_ids = [eos_ids] if is_integer(eos_ids) else eos_ids if isinstance(eos_ids, list) else None
+    if eos_ids is not None and not (stop_ids is not None and all(map(is_integer, stop_ids))):
+        raise TokenizerError(f"{path}: eos_token_id must be a token id or a list of them, got "
+                             f"{json.dumps(eos_ids)}")
+    vocab_size = model_vocab_size(folder)
+    if vocab_size is None and raw is not None:
+        vocab_size = raw.get_vocab_size(with_added_tokens=True)
+    outside = [i for i in stop_ids or [] if vocab_size is not None and not 0 <= i < vocab_size]
+    if outside:
+        raise TokenizerError(f"{path}: eos_token_id {outside[0]} is outside the vocabulary "
+                             f"(0..{vocab_size - 1})")
+    return list(stop_ids or [])
+
+
+def model_vocab_size(folder: Path) -> int | None:
+    """The vocabulary the checkpoint's `config.json` declares, when it reads as one (its errors are
+    the model loader's to report)."""
+    try:
+        vocab_size = config_file(folder / "config.json").get("vocab_size")
+    except TokenizerError:
+        return None
+    return vocab_size if is_integer(vocab_size) else None
 
 
 def index_of_last_user_query(messages: Sequence[Mapping[str, str]]) -> int:

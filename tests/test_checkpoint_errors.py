@@ -168,3 +168,20 @@ def test_sliding_window_draft_layers_are_refused_by_name(tmp_path):
 
     expect_drafter_error(drafter_copy_with(tmp_path, slide_two_layers),
                          "layer_types", "layer(s) 0, 2 are 'sliding_attention'", "only 'full_attention'")
+
+
+@pytest.mark.parametrize("value", [-1, 10**12, True, 1e308])
+def test_layer_types_that_is_not_a_list_is_one_line(tmp_path, value):
+    """Found by tests/test_walk_options.py: TypeError ('int' object is not iterable)."""
+    folder = copy_of("qwen3-tiny", tmp_path)
+    edit_config(folder, layer_types=value)
+    expect_error(folder, f"layer_types must be a list (one kind per layer), got {json.dumps(value)}")
+
+
+@pytest.mark.parametrize("value", [[1], {}, "8", 8.0])
+def test_a_drafter_block_size_that_is_not_an_integer_is_one_line(tmp_path, value):
+    """Found by tests/test_walk_options.py: TypeError (unhashable type: 'list')."""
+    folder = copy_of("dflash-tiny", tmp_path)
+    edit_config(folder, block_size=value)
+    with pytest.raises(CheckpointError, match="block_size must be an integer of at least 2"):
+        Drafter.from_pretrained(folder)

@@ -162,3 +162,39 @@ def test_an_empty_or_missing_prompt_file_is_one_error(tmp_path):
         read_prompts(tmp_path / "empty.jsonl")
     with pytest.raises(UsageError, match="prompts file not found"):
         read_prompts(tmp_path / "missing.jsonl")
+
+
+def test_a_seed_is_what_torch_generators_take():
+    """`dflash.cli.seed`, the --seed type of every program: torch's manual_seed overflows past 2**64 - 1."""
+    import argparse
+
+    from dflash.cli import seed
+
+    assert seed("0") == 0 and seed(str(2**64 - 1)) == 2**64 - 1
+    for bad in ("1180591620717411303424", str(2**64), "-1"):
+        with pytest.raises(argparse.ArgumentTypeError, match=r"0\.\.2\*\*64 - 1"):
+            seed(bad)
+
+
+def test_a_device_index_must_exist():
+    import torch
+
+    from dflash.cli import UsageError, pick_device
+
+    assert pick_device("cpu") == torch.device("cpu") and pick_device("cpu:0") == torch.device("cpu:0")
+    for name in ("cpu:5", "cuda:1000"):
+        with pytest.raises(UsageError, match=f"device '{name}' is not available here"):
+            pick_device(name)
+
+
+def test_a_thread_count_is_bounded_by_the_cores():
+    """Found by tests/test_walk_options.py: bench.py --threads 1180591620717411303424 overflowed in torch."""
+    import argparse
+    import os
+
+    from dflash.cli import thread_count
+
+    assert thread_count("1") == 1 and thread_count(str(os.cpu_count())) == os.cpu_count()
+    for bad in ("0", str(os.cpu_count() + 1), "1180591620717411303424"):
+        with pytest.raises(argparse.ArgumentTypeError, match="an integer in 1.."):
+            thread_count(bad)
