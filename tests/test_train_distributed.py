@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 import train
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
-from dflash.training import stop_on_signals
+from dflash.training import Signals
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "tests" / "fixtures" / "qwen3-tiny"
@@ -145,13 +145,13 @@ def test_under_torchrun_the_passed_on_signal_does_not_cut_the_step(monkeypatch):
     """A terminal's Ctrl-C or a scheduler's SIGTERM reaches torchrun's whole process group, and torchrun passes
     it on again: a worker gets it twice, and must still end its step and save (torchrun kills it if too slow)."""
     monkeypatch.setenv("LOCAL_RANK", "0")
-    with stop_on_signals() as stop:
+    with Signals() as stop:
         for _ in range(2):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.01)
     assert stop.name == "SIGINT"
     monkeypatch.delenv("LOCAL_RANK")
-    with pytest.raises(KeyboardInterrupt), stop_on_signals():  # alone, a second Ctrl-C acts at once
+    with pytest.raises(KeyboardInterrupt), Signals():  # alone, a second Ctrl-C acts at once
         for _ in range(2):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.01)
