@@ -85,7 +85,8 @@ def make_data(args: argparse.Namespace) -> int:
         for start in range(0, len(pending), args.batch_size):
             indices = pending[start:start + args.batch_size]
             batch, choices = [prompts[i][0] for i in indices], [prompts[i][1] for i in indices]
-            answers = generate_batch(target, batch, args.max_new_tokens, sampling, stop_ids, generator, choices)
+            answers = generate_batch(target, batch, args.max_new_tokens, sampling, stop_ids, generator,
+                                     first_token_choices=choices)
             for i, prompt, answer in zip(indices, batch, answers):  # the format at the top of this file
                 out.write(json.dumps({"index": i, "input_ids": prompt + answer,
                                       "loss_mask": [0] * len(prompt) + [1] * len(answer), "settings": settings}) + "\n")

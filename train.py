@@ -1,5 +1,4 @@
-"""Train a DFlash drafter for a frozen Qwen3 target, from scratch: the recipe, then the loop
-(docs/training.md).
+"""Train a DFlash drafter for a frozen Qwen3 target: the recipe, then the loop (docs/training.md).
 
 The data is the target's own answers (`make_data.py`); the frozen target reads each once, and its
 hidden states after `target_layer_ids` are the drafter's context. Each step draws anchors a in the
@@ -27,15 +26,14 @@ from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
 from dflash.cli import UsageError, pick_dtype, run_cli
-from dflash.data import content_hash, load_sequences
+from dflash.data import content_hash, cut_note, load_sequences
 from dflash.drafter import DrafterConfig
 from dflash.evaluation import evaluate, held_out
-from dflash.qwen3 import Qwen3, Qwen3Config, masked
+from dflash.qwen3 import Qwen3, masked
 from dflash.tokenizer import find_tokenizer, stop_token_ids
-from dflash.train_config import (DEFAULT_BLOCK_SIZE, DEFAULT_DRAFTER_LAYERS,  # noqa: F401 (notebook 4
-                                 build_drafter_config)  # and bench_train.py read them as train.*)
-from dflash.train_config import (MAY_CHANGE_ON_RESUME, TrainConfig, build_parser, check_sizes,
-                                 starting_drafter)
+from dflash.train_config import (  # noqa: F401 (DEFAULT_*, build_drafter_config: notebook 4's)
+    DEFAULT_BLOCK_SIZE, DEFAULT_DRAFTER_LAYERS, MAY_CHANGE_ON_RESUME, TrainConfig,
+    build_drafter_config, build_parser, check_sizes, starting_drafter)
 from dflash.train_kernels import AnchoredBlocks, chunked_lm_head_loss
 from dflash.training import (LOG_FILE, STATE_FILE, Distributed, LogTally, Signals,
                              anchor_generator, apply_gradients, cosine_with_warmup,
@@ -51,8 +49,7 @@ IGNORE = -100  # cross_entropy's ignore_index: this slot has no label
 
 
 def valid_anchor_positions(loss_mask: torch.Tensor) -> torch.Tensor:
-    """Where inference drafts a block: x_a and x_{a+1} are answer tokens (the prefill yields the
-    first answer token)."""
+    """Where inference drafts a block: x_a and x_{a+1} in the answer (the prefill yields x_a)."""
     answer = loss_mask == 1
     return (answer[:-1] & answer[1:]).nonzero()[:, 0]  # (n,): a such that a + 1 < S
 
@@ -66,13 +63,11 @@ def sample_anchors(loss_mask: torch.Tensor, num_anchors: int,
 
 
 def batch_anchors(loss_mask: torch.Tensor, num_anchors: int, generators: Sequence[torch.Generator]):
-    """Anchors for every row, row i's drawn by `generators[i]`, padded to the batch's largest count:
-    (batch, K) positions and (batch, K) is-real."""
+    """Row i's anchors, drawn by `generators[i]`, padded: (batch, K) positions and is-real."""
     per_row = [sample_anchors(row.cpu(), num_anchors, generator)
                for row, generator in zip(loss_mask, generators, strict=True)]
     anchors = pad_sequence(per_row, batch_first=True)  # (batch, K); padding blocks sit at 0
-    real = pad_sequence([torch.ones(len(a), dtype=torch.bool) for a in per_row],
-                        batch_first=True)  # (batch, K)
+    real = pad_sequence([torch.ones(len(a), dtype=torch.bool) for a in per_row], batch_first=True)
     return anchors.to(loss_mask.device), real.to(loss_mask.device)
 
 
@@ -94,8 +89,7 @@ def block_input_ids(input_ids: torch.Tensor, anchors: torch.Tensor, block_size: 
 
 def block_labels(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torch.Tensor,
                  real: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Slot k of the block at a is labelled x_{a+k}, at the same position (no shift), or IGNORE:
-    (batch, K*B)."""
+    """Slot k of the block at a is labelled x_{a+k} (no shift), or IGNORE: (batch, K*B)."""
     length = input_ids.shape[1]
     positions = block_positions(anchors, block_size)  # (batch, K*B)
     clamped = positions.clamp(max=length - 1)
@@ -107,8 +101,7 @@ def block_labels(input_ids: torch.Tensor, loss_mask: torch.Tensor, anchors: torc
 
 
 def gamma_for_block_size(block_size: int) -> float:
-    """The paper's decay: 7 for B=16, 5 for B=10, 4 for B=8; linear in between, proportional
-    outside."""
+    """The paper's decay: 7 for B=16, 5 for B=10, 4 for B=8; linear between, else proportional."""
     if 8 <= block_size <= 16:
         return float(np.interp(block_size, [8, 10, 16], [4.0, 5.0, 7.0]))
     return block_size / 2 if block_size < 8 else 7.0 * block_size / 16
@@ -122,8 +115,7 @@ def slot_weights(block_size: int, gamma: float) -> torch.Tensor:
 
 
 def label_weights(labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Each block slot's weight in the loss: w_k where slot k has a label, 0 where not:
-    (batch, K*B)."""
+    """Each block slot's weight in the loss: w_k where slot k has a label, else 0: (batch, K*B)."""
     slots = torch.arange(labels.shape[1], device=labels.device) % len(weights)  # (K*B,)
     return torch.where(labels != IGNORE, weights.to(labels.device)[slots], 0.0)
 
@@ -132,8 +124,7 @@ def label_weights(labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 
 
 def collate(sequences: list[tuple[list[int], list[int]]], device) -> tuple[torch.Tensor, ...]:
-    """Right-pad to the longest: (batch, S) ids and loss mask. Padding has mask 0: no anchor or
-    label reaches it."""
+    """Right-pad to the longest: (batch, S) ids and loss mask; the padding's mask 0 keeps it out."""
     input_ids = pad_sequence([torch.tensor(ids) for ids, _ in sequences], batch_first=True)
     loss_mask = pad_sequence([torch.tensor(mask) for _, mask in sequences], batch_first=True)
     return input_ids.to(device), loss_mask.to(device)  # (batch, S) each
@@ -149,9 +140,8 @@ class MicroBatch(NamedTuple):
 
 def micro_batches(sequences: list, step: int, global_batch: int, cfg: TrainConfig,
                   place: Distributed) -> list[MicroBatch]:
-    """This process's micro-batches of `step`, anchored. Which sequences a step trains on, and where
-    their blocks start, depend on the global batch (its size, the seed, the step), not on how the
-    processes share it out."""
+    """This process's micro-batches of `step`, anchored. Which sequences, and where their blocks
+    start, depend on the global batch (size, seed, step), not on how processes share it out."""
     epoch, items = global_batch_items(len(sequences), global_batch, step, cfg.seed)
     batches = []
     for indices in share_of_batch(items, place, cfg.grad_accum):
@@ -163,11 +153,9 @@ def micro_batches(sequences: list, step: int, global_batch: int, cfg: TrainConfi
 
 
 def step_weight(batches: list[MicroBatch], weights: torch.Tensor, place: Distributed):
-    """The weight of every labelled slot of a step, over its micro-batches and all processes:
-    dividing by it makes each micro-batch's loss its share of the step's weighted mean. Known from
-    the data before any forward pass."""
-    block_size = len(weights)
-    return place.sum(sum(label_weights(block_labels(*batch, block_size), weights).sum()
+    """The weight of every labelled slot of a step, over its micro-batches and processes, known
+    before any forward: dividing by it makes each micro-batch's loss its share of the step's."""
+    return place.sum(sum(label_weights(block_labels(*batch, len(weights)), weights).sum()
                          for batch in batches))
 
 
@@ -195,7 +183,8 @@ def drafter_loss(target: Qwen3, drafter: nn.Module, features: torch.Tensor, batc
         block_embeddings = target.embed_tokens(block_ids).to(features.dtype)  # (batch, K*B, h)
     pattern = AnchoredBlocks(anchors, input_ids.shape[1], block_size)
     attend = masked(pattern.dense_mask()) if dense_attention else pattern.attend  # the same, twice
-    hidden = drafter(features, block_embeddings, torch.arange(input_ids.shape[1], device=anchors.device),
+    context_positions = torch.arange(input_ids.shape[1], device=anchors.device)  # (S,)
+    hidden = drafter(features, block_embeddings, context_positions,
                      block_positions(anchors, block_size), attend=attend)  # (batch, K*B, hidden)
     labels = block_labels(input_ids, loss_mask, anchors, real, block_size)  # (batch, K*B)
     scored = labels != IGNORE
@@ -250,9 +239,12 @@ def start_run(cfg: TrainConfig, place: Distributed) -> Run:
     tokenizer_folder = Path(cfg.tokenizer or cfg.target)
     tokenizer = find_tokenizer(tokenizer_folder, required=cfg.tokenizer is not None)
     drafter = starting_drafter(cfg, target, tokenizer)
-    sequences = training_sequences(cfg, target.config, place)
-    longest = max(len(ids) for ids, _ in sequences)
-    check_sizes(cfg, drafter.config, target.config, longest, device)
+    limit = min(cfg.max_seq_len, target.config.max_position_embeddings)  # past them: positions
+    sequences = load_sequences(Path(cfg.data), limit, target.config.vocab_size)  # it never had
+    if sequences.cut and place.main:
+        print(cut_note(sequences, limit, cfg.max_seq_len), file=sys.stderr)
+    sequences = sequences.pairs
+    check_sizes(cfg, drafter.config, target.config, sequences, device)
     drafter.recompute_layers = not cfg.keep_activations
     model = wrap_for_training(drafter.to(device).train(), place, cfg.fsdp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
@@ -278,20 +270,6 @@ def start_run(cfg: TrainConfig, place: Distributed) -> Run:
                                token_healing=not cfg.no_token_healing, place=place)
     run.began = run.last_save = time.perf_counter()
     return run
-
-
-def training_sequences(cfg: TrainConfig, target: Qwen3Config, place: Distributed) -> list:
-    """The data, cut to --max-seq-len and to the target's positions (a drafter trained past them
-    learns positions the target never had); how many were cut is said, not left silent."""
-    positions = target.max_position_embeddings
-    limit = min(cfg.max_seq_len, positions)
-    sequences = load_sequences(Path(cfg.data), limit, target.vocab_size)
-    if sequences.cut and place.main:
-        why = ("--max-seq-len" if limit == cfg.max_seq_len else
-               f"the target's max_position_embeddings, below --max-seq-len {cfg.max_seq_len}")
-        print(f"note: {sequences.cut} sequence(s) longer than {limit} tokens ({why}) were cut at "
-              f"the end: {sequences.tokens_dropped} tokens left out", file=sys.stderr)
-    return sequences.pairs
 
 
 def train_step(run: Run) -> tuple[torch.Tensor, torch.Tensor]:
@@ -334,26 +312,27 @@ def what_is_due(run: Run, signals: Signals, loss: torch.Tensor, gradient_norm: t
     """Agreed by every process in one collective call: a signal, the clock or the last step stops
     the run, which then saves; a loss that is not finite stops it before anything is saved, so the
     last checkpoint stays the last good one."""
-    cfg, step = run.cfg, run.step
+    cfg, step, now = run.cfg, run.step, time.perf_counter()
     signaled, out_of_time, save_by_clock, diverged = run.place.any_of(
-        signals.name, cfg.minutes is not None and run.elapsed() - run.elapsed_before > 60 * cfg.minutes,
-        0 < cfg.save_every_minutes and time.perf_counter() - run.last_save >= 60 * cfg.save_every_minutes,
+        signals.name, cfg.minutes is not None and now - run.began > 60 * cfg.minutes,
+        0 < cfg.save_every_minutes and now - run.last_save >= 60 * cfg.save_every_minutes,
         not (torch.isfinite(loss) & torch.isfinite(gradient_norm)))
     if diverged:
-        raise UsageError(f"step {step}: the loss or its gradient is not finite (loss {loss.item():g}, "
-                         f"gradient norm {gradient_norm.item():g}); stopped without saving (try a "
-                         f"lower --lr)")
+        raise UsageError(f"step {step}: the loss or its gradient is not finite (loss "
+                         f"{loss.item():g}, gradient norm {gradient_norm.item():g}); stopped "
+                         f"without saving (try a lower --lr)")
     stop = step >= run.last_step or out_of_time or signaled
-    evaluate = bool(cfg.eval_prompts) and not signaled and (
+    evaluating = bool(cfg.eval_prompts) and not signaled and (
         step == run.total_steps or (cfg.eval_every > 0 and step % cfg.eval_every == 0))
     save = stop or save_by_clock or (cfg.save_every > 0 and step % cfg.save_every == 0)
-    return Due(stop, signaled, save, step % cfg.log_every == 0 or stop or evaluate, evaluate)
+    return Due(stop, signaled, save, step % cfg.log_every == 0 or stop or evaluating, evaluating)
 
 
 def checkpoint(run: Run) -> None:
     """Save the run as it stands at this step (a collective call)."""
-    save_checkpoint(Path(run.cfg.out), run.model, run.optimizer, run.scheduler, run.place,
-                    {**run.saved, "step": run.step, "elapsed": run.elapsed()}, run.saved_step)
+    state = {**run.saved, "step": run.step, "elapsed": run.elapsed()}
+    save_checkpoint(Path(run.cfg.out), run.model, run.optimizer, run.scheduler, run.place, state,
+                    previous=run.saved_step)
     run.saved_step, run.last_save = run.step, time.perf_counter()
 
 
@@ -394,7 +373,7 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
                 if due.stop:
                     break
     if due is not None and due.signaled:
-        record["stopped_by"] = signals.name or "SIGTERM"  # another process's: a scheduler's, as a rule
+        record["stopped_by"] = signals.name or "SIGTERM"  # another process's: a scheduler's
     return record
 
 

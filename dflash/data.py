@@ -22,7 +22,8 @@ from dflash.sampling import Sampling, keep_only, sample
 
 def encode_prompts(path: Path, tokenizer, chat: bool | None, thinking: bool, token_healing: bool,
                    vocab_size: int) -> list[tuple[list[int], list[int] | None]]:
-    """(token ids, the first new token's choices or None) per prompt, as `generate.py` renders it."""
+    """(token ids, the first new token's choices or None) per prompt, as `generate.py` renders
+    it."""
     prompts = []
     for prompt in read_prompts(path):
         ids, choices = encode_for_generation(prompt, tokenizer, chat, thinking, token_healing)
@@ -34,8 +35,8 @@ def encode_prompts(path: Path, tokenizer, chat: bool | None, thinking: bool, tok
 @torch.no_grad()
 def generate_batch(target: Qwen3, prompts: list[list[int]], max_new_tokens: int,
                    sampling: Sampling | float, stop_ids: Sequence[int],
-                   generator: torch.Generator | None,
-                   first_token_choices: Sequence[list[int] | None] | None = None) -> list[list[int]]:
+                   generator: torch.Generator | None, *,
+                   first_token_choices: Sequence[list[int] | None] | None = None) -> list[list]:
     """Each prompt's answer, cut after its stop token, left-padded into one cache: `key_padding`
     hides the padding and RoPE sees only differences, so a row computes what it would alone.
     `first_token_choices[row]` heals that row."""
@@ -52,7 +53,7 @@ def generate_batch(target: Qwen3, prompts: list[list[int]], max_new_tokens: int,
     cache.extend(longest)  # the prompts are committed
     if first_token_choices is not None:  # token healing, the first step only
         logits = torch.stack([row if allowed is None else keep_only(row, allowed)
-                              for row, allowed in zip(logits, first_token_choices)])  # (batch, vocab)
+                              for row, allowed in zip(logits, first_token_choices)])  # (batch, V)
     answers: list[list[int]] = [[] for _ in prompts]
     finished = [False] * batch
     for position in range(longest, total):
@@ -90,9 +91,18 @@ def load_sequences(path: Path, max_seq_len: int, vocab_size: int) -> Sequences:
         if any(this and following for this, following in zip(mask, mask[1:])):
             pairs.append((ids, mask))
     if not pairs:
-        raise UsageError(f"{path}: the dataset yields no valid block (no two answer tokens in a row "
-                         f"within --max-seq-len {max_seq_len})")
+        raise UsageError(f"{path}: the dataset yields no valid block (no two answer tokens in a "
+                         f"row within --max-seq-len {max_seq_len})")
     return Sequences(pairs, cut, dropped)
+
+
+def cut_note(sequences: Sequences, limit: int, max_seq_len: int) -> str:
+    """The line that says what a cut left out, and why: --max-seq-len, or the target's positions
+    (a drafter trained past them would learn positions the target never had)."""
+    why = "--max-seq-len" if limit == max_seq_len else \
+        f"the target's max_position_embeddings, below --max-seq-len {max_seq_len}"
+    return (f"note: {sequences.cut} sequence(s) longer than {limit} tokens ({why}) were cut at the "
+            f"end: {sequences.tokens_dropped} tokens left out")
 
 
 def checked_record(record, where: str, vocab_size: int) -> tuple[list[int], list[int]]:

@@ -43,7 +43,7 @@ def held_out(path: Path, target: Qwen3, drafter: Drafter, tokenizer, *, stop_ids
 
 
 class Continuation(NamedTuple):
-    """A prompt, the target's greedy answer to it, and `block_size - 1` tokens the target says next."""
+    """A prompt, the target's greedy answer to it, and `block_size - 1` tokens it says next."""
     ids: list[int]  # prompt + answer + lookahead
     prompt_length: int
     answer_length: int  # the loop's output: up to the first stop token, at most max_new_tokens
@@ -58,7 +58,8 @@ def greedy_continuations(target: Qwen3, prompts: list, max_new_tokens: int,
     for start in range(0, len(prompts), batch_size):
         batch = prompts[start:start + batch_size]
         answers = generate_batch(target, [ids for ids, _ in batch], max_new_tokens + block_size - 1,
-                                 0.0, (), None, [choices for _, choices in batch])
+                                 0.0, (), None,
+                                 first_token_choices=[choices for _, choices in batch])
         for (ids, _), answer in zip(batch, answers):
             stop = next((i for i, token in enumerate(answer[:max_new_tokens]) if token in stop_ids),
                         None)
@@ -82,7 +83,7 @@ def acceptance_lengths(target: Qwen3, drafter: Drafter, continuation: Continuati
         block[0, 0] = ids[0, anchor]
         hidden = drafter(features[:, :anchor], target.embed_tokens(block),
                          torch.arange(anchor, device=device),
-                         torch.arange(anchor, anchor + config.block_size, device=device))  # (1, B, h)
+                         torch.arange(anchor, anchor + config.block_size, device=device))  # (1,B,h)
         drafts = argmax(target.logits(hidden[0, 1:])).tolist()  # (B - 1,)
         truth = continuation.ids[anchor + 1:anchor + config.block_size]  # the target's next tokens
         accepted = next((k for k, (d, t) in enumerate(zip(drafts, truth)) if d != t), len(truth))
@@ -96,7 +97,8 @@ def evaluate(target: Qwen3, drafter: Drafter, heldout: list[Continuation],
     """tau and the per-slot acceptance greedy DFlash would serve, over every process's held-out
     prompts (a collective call), with the drafter in the target's dtype, as it is served."""
     copy = served_copy(drafter, target.embed_tokens.weight)
-    lengths = [n for continuation in heldout for n in acceptance_lengths(target, copy, continuation)]
+    lengths = [length for continuation in heldout
+               for length in acceptance_lengths(target, copy, continuation)]
     histogram = acceptance_histogram(lengths, drafter.config.block_size)  # steps of 1..B tokens
     pooled = place.sum(torch.tensor(histogram, dtype=torch.float64, device=place.device))
     return served_figures(pooled.tolist())

@@ -16,7 +16,7 @@ from dflash.prompts import PROMPT_FORMAT
 from dflash.qwen3 import Qwen3, Qwen3Config
 from dflash.training import init_weights, memory_of
 
-DEFAULT_DRAFTER_LAYERS, DEFAULT_BLOCK_SIZE = 5, 16  # a new drafter's; --init-from: the drafter's own
+DEFAULT_DRAFTER_LAYERS, DEFAULT_BLOCK_SIZE = 5, 16  # a new drafter's; --init-from: the drafter's
 # What --resume may change: when to stop, what to log and evaluate, where to run, where the folder
 # and the data now are (the data's contents are compared). The rest must be as saved.
 MAY_CHANGE_ON_RESUME = ("resume", "force", "minutes", "stop_at", "eval_prompts", "eval_every",
@@ -133,12 +133,13 @@ def starting_drafter(cfg: TrainConfig, target: Qwen3, tokenizer) -> Drafter:
     return drafter
 
 
-def check_sizes(cfg: TrainConfig, config: DrafterConfig, target: Qwen3Config, longest: int,
+def check_sizes(cfg: TrainConfig, config: DrafterConfig, target: Qwen3Config, sequences: list,
                 device: torch.device) -> None:
     """Refuse, before any batch is built, a block the target has no positions for, or a step that
     cannot fit this machine: its block activations (one float32 hidden state per block slot and
     drafter layer, kept for the backward), the target's features, and on the CPU the attention
-    mask over the blocks, for sequences as long as the `longest` the data holds."""
+    mask over the blocks, for (input_ids, loss_mask) `sequences` as long as the longest."""
+    longest = max(len(ids) for ids, _ in sequences)
     named = "--block-size" if not cfg.init_from else "the --init-from drafter's block_size"
     if config.block_size > target.max_position_embeddings:
         raise UsageError(f"{named} {config.block_size} does not fit the target's "
@@ -170,38 +171,40 @@ def build_parser() -> argparse.ArgumentParser:
         "Examples, torchrun, memory, the log: docs/training.md."), formatter_class=HelpWithDefaults)
     add = parser.add_argument
     add("--target", required=True, help="the frozen target's checkpoint folder")
-    add("--data", required=True, help="JSONL written by make_data.py: input_ids and loss_mask per line")
-    add("--out", required=True, help="folder for the drafter, training_state.pt and train_log.jsonl; "
-                                      "one run at a time (a lock file holds its process id)")
+    add("--data", required=True,
+        help="JSONL written by make_data.py: input_ids and loss_mask per line")
+    add("--out", required=True, help="folder for the drafter, training_state.pt and "
+        "train_log.jsonl; one run at a time (train.lock holds its process id)")
     add("--tokenizer", help="tokenizer folder (default: the target's, if it has one)")
-    add("--init-from", help="fine-tune this trained drafter (ours or the authors' layout) instead of "
-                            "drawing a new one: its shape (layers, block size, target layers, mask "
-                            "token) is the run's")
+    add("--init-from", help="fine-tune this trained drafter (ours or the authors' layout) "
+        "instead of drawing a new one: its shape (layers, block size, target layers, mask token) "
+        "is the run's")
     add("--drafter-layers", type=positive_int,
         help=f"decoder layers of the drafter (default: {DEFAULT_DRAFTER_LAYERS})")
     add("--block-size", type=checked(int, "at least 2", lambda x: x >= 2),
         help=f"B, tokens per block: slot 0 is the known token, slots 1..B-1 guessed (default: "
              f"{DEFAULT_BLOCK_SIZE}; at most the target's positions)")
     add("--target-layer-ids", type=int_list, help="target layers whose outputs feed the drafter, "
-                                                  "e.g. 1,9,17,25,33 (default: spread over the target)")
+        "e.g. 1,9,17,25,33 (default: spread over the target)")
     add("--mask-token-id", type=int, help="the unknown slots' token (default: <|mask|>, else "
                                           "len(tokenizer))")
     add("--intermediate-size", type=positive_int, help="drafter MLP width (default: the target's)")
     add("--num-heads", type=positive_int, help="drafter query heads (default: the target's)")
     add("--num-kv-heads", type=positive_int, help="drafter key/value heads (default: the target's)")
     add("--head-dim", type=positive_int, help="drafter head width (default: the target's)")
-    add("--num-anchors", type=positive_int, help="blocks per sequence per step, at most one per anchor")
+    add("--num-anchors", type=positive_int,
+        help="blocks per sequence per step, at most one per anchor")
     add("--batch-size", type=positive_int, help="sequences per forward pass and per process")
-    add("--grad-accum", type=positive_int, help="forward passes per optimizer step: a step trains on "
-                                                "batch-size x processes x grad-accum sequences")
-    add("--max-seq-len", type=positive_int, help="longer sequences are cut, and so are those longer "
-                                                 "than the target's positions (said when it happens)")
+    add("--grad-accum", type=positive_int, help="forward passes per optimizer step: a step trains "
+        "on batch-size x processes x grad-accum sequences")
+    add("--max-seq-len", type=positive_int, help="longer sequences are cut, and so are those "
+        "longer than the target's positions (said when it happens)")
     add("--lr", type=positive, help="peak learning rate (AdamW)")
     add("--warmup", type=checked(float, "in [0, 1]", lambda x: 0 <= x <= 1),
         help="fraction of the steps warming up, then cosine down to 0")
     add("--grad-clip", type=positive, help="gradient norm clip")
-    add("--gamma", type=positive, help="loss decay over the slots (default: 7 for B=16, 5 for B=10, "
-                                       "4 for B=8)")
+    add("--gamma", type=positive,
+        help="loss decay over the slots (default: 7 for B=16, 5 for B=10, 4 for B=8)")
     add("--epochs", type=positive_int, help="passes over the data")
     add("--steps", type=positive_int, help="train this many steps (overrides --epochs)")
     add("--seed", type=seed_value, help="seeds the drafter's initialisation, the data order and "

@@ -174,7 +174,7 @@ def restore_snapshot(state: dict, model: nn.Module, optimizer, scheduler, place:
 
 
 def save_checkpoint(out: Path, model: nn.Module, optimizer, scheduler, place: Distributed, run: dict,
-                    previous: int | None = None) -> None:
+                    *, previous: int | None = None) -> None:
     """Into `out`: all a resume needs (`run`: the configs, the step, the time) and the trained model
     (`config.json` + `model.safetensors`, as `from_pretrained` reads them), each file written
     atomically, the training state first: it holds the weights too, so a crash or a full disk between
