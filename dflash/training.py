@@ -184,12 +184,13 @@ def save_checkpoint(out: Path, model: nn.Module, optimizer, scheduler, place: Di
     state = snapshot(model, optimizer, scheduler, place, run["train_config"]["fsdp"])
     if not place.main:
         return
-    step, kept = run["step"], "no checkpoint yet" if previous is None else f"step {previous}'s checkpoint"
+    step = run["step"]
+    kept = "no checkpoint yet" if previous is None else f"step {previous}'s checkpoint, complete"
     try:
         save_training_state(out / STATE_FILE, {**state, **run})
     except (OSError, RuntimeError) as err:  # a full disk: torch's writer raises RuntimeError
-        raise UsageError(f"saving step {step} failed ({failure(err)}): {out} keeps {kept}, complete; "
-                         f"free some space, then run the same command with --resume") from None
+        raise UsageError(f"saving step {step} failed ({failure(err)}): {out} keeps {kept}; free "
+                         f"some space, then run the same command with --resume") from None
     try:
         save_tensors(out, state["model"], run["drafter_config"])
     except OSError as err:
@@ -199,8 +200,11 @@ def save_checkpoint(out: Path, model: nn.Module, optimizer, scheduler, place: Di
 
 
 def failure(err: Exception) -> str:
-    """What an I/O error says, in one line."""
-    return (err.strerror if isinstance(err, OSError) and err.strerror else str(err)).splitlines()[0]
+    """What an I/O error says, in one line: the system's reason, where torch's writer wraps it."""
+    cause = err
+    while cause is not None and not (isinstance(cause, OSError) and cause.strerror):
+        cause = cause.__context__
+    return cause.strerror if cause is not None else str(err).splitlines()[0]
 
 
 def resume(out: Path, run: dict, model: nn.Module, optimizer, scheduler, place: Distributed, *,
@@ -306,7 +310,11 @@ def memory_of(device: torch.device) -> int:
 
 def save_training_state(path: Path, state: dict) -> None:
     """Write what a resume needs, atomically: a crash mid-write leaves the previous state whole."""
-    write_atomically(path, lambda tmp: torch.save(state, tmp))
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as file:  # a Python file: a full disk's error keeps its reason
+            torch.save(state, file)
+
+    write_atomically(path, write)
 
 
 def load_training_state(path: Path) -> dict:

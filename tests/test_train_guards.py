@@ -190,7 +190,7 @@ def test_a_full_disk_during_a_save_keeps_the_previous_checkpoint_resumable(tmp_p
     out, real_save, saves = tmp_path / "run", torch.save, []
 
     def full_disk_at_the_second_save(obj, path, *args, **kwargs):
-        saves.append(path)
+        saves.append(obj)
         if len(saves) == 2:
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         return real_save(obj, path, *args, **kwargs)
@@ -221,7 +221,8 @@ def test_a_file_size_limit_during_the_first_save_is_one_line(tmp_path):
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
-    assert lines[-1].startswith("error: saving step 2 failed") and "no checkpoint yet" in lines[-1]
+    assert lines[-1].startswith("error: saving step 2 failed (File too large)"), lines[-1]
+    assert "no checkpoint yet" in lines[-1]
     assert not list(out.glob("*.tmp"))
 
 
