@@ -70,7 +70,7 @@ class AnchoredBlocks:
     anchors: torch.Tensor  # (batch, K), sorted along each row (padding blocks may sit at 0)
     context_length: int  # S
     block_size: int  # B
-    blocks_per_chunk: int = 16  # the CPU path: how many consecutive blocks share one attention call
+    blocks_per_chunk: int = 16  # CPU path: blocks per SDPA call (a field so tests cross chunks)
     _flex_mask: object = field(default=None, repr=False)  # built once per step, shared by all layers
     _dense: torch.Tensor | None = field(default=None, repr=False)  # likewise, for the CPU path
 
