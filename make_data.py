@@ -19,7 +19,7 @@ from tqdm import tqdm
 
 from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_output, jsonl_records, pick_device,
                         pick_dtype, positive_int, run_cli)
-from dflash.data import encode_prompts, generate_batch
+from dflash.data import content_hash, encode_prompts, generate_batch, pack
 from dflash.prompts import PROMPT_FORMAT, add_prompt_options
 from dflash.qwen3 import Qwen3
 from dflash.sampling import Sampling, add_sampling_options, sampling_of
@@ -60,6 +60,8 @@ def open_for_append(path: Path) -> TextIO:
 def make_data(args: argparse.Namespace) -> int:
     """Answer every prompt `--out` does not answer yet, a batch at a time, appending as we go."""
     check_output(args.out, "--out")
+    if args.pack:
+        check_output(args.pack, "--pack", folder=True)
     sampling = sampling_of(args, args.target)
     settings = answer_settings(args, sampling)
     done = done_indices(args.out, settings)
@@ -92,6 +94,11 @@ def make_data(args: argparse.Namespace) -> int:
                                       "loss_mask": [0] * len(prompt) + [1] * len(answer), "settings": settings}) + "\n")
             out.flush()  # a crash loses at most the batch being written
             bar.update(len(indices))
+    if args.pack:
+        identity = {"target": str(args.target), "settings": settings,
+                    "target_config_sha256": content_hash(args.target / "config.json")}
+        count = pack(args.out, args.pack, target.config.vocab_size, identity)
+        print(f"packed {count} sequences into {args.pack}", file=sys.stderr)
     return 0
 
 
@@ -102,6 +109,9 @@ examples:
   python make_data.py --target weights/Qwen3-8B --prompts prompts.jsonl --out data.jsonl
   # then train on the answers
   python train.py --target weights/Qwen3-8B --data data.jsonl --out runs/dflash
+  # large data: also pack it, a flat token file train.py reads lazily, never whole
+  python make_data.py --target weights/Qwen3-8B --prompts prompts.jsonl --out data.jsonl --pack data
+  python train.py --target weights/Qwen3-8B --data data --out runs/dflash
 
 {PROMPT_FORMAT}
 
@@ -123,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="for sampling at temperature > 0 (default: 0)")
     add_sampling_options(parser, draft_policy=False)
     add_prompt_options(parser)
+    parser.add_argument("--pack", type=Path, help="then also write OUT as a packed folder train.py "
+                        "memory-maps (run again to pack an OUT already complete)")
     add_device_options(parser)
     return parser
 

@@ -26,7 +26,7 @@ from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
 from dflash.cli import UsageError, pick_dtype, run_cli
-from dflash.data import content_hash, cut_note, load_sequences
+from dflash.data import Sequences, cut_note, load_sequences
 from dflash.drafter import DrafterConfig
 from dflash.evaluation import evaluate, held_out
 from dflash.qwen3 import Qwen3, masked
@@ -38,8 +38,8 @@ from dflash.train_kernels import AnchoredBlocks, chunked_lm_head_loss
 from dflash.training import (LOG_FILE, STATE_FILE, Distributed, LogTally, Signals,
                              anchor_generator, apply_gradients, cosine_with_warmup,
                              distributed_run, freeze, global_batch_items, gradient_sync,
-                             init_weights as init_drafter, owned_run_folder, resume,
-                             save_checkpoint, share_of_batch, steps_per_epoch, unwrap,
+                             full_weights, init_weights as init_drafter, owned_run_folder, resume,
+                             save_checkpoint, share_of_batch, steps_per_epoch,
                              wrap_for_training, write_log)
 
 IGNORE = -100  # cross_entropy's ignore_index: this slot has no label
@@ -123,11 +123,12 @@ def label_weights(labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 # ------------------------------------------------------------------ a step's batch and its loss
 
 
-def collate(sequences: list[tuple[list[int], list[int]]], device) -> tuple[torch.Tensor, ...]:
-    """Right-pad to the longest: (batch, S) ids and loss mask; the padding's mask 0 keeps it out."""
-    input_ids = pad_sequence([torch.tensor(ids) for ids, _ in sequences], batch_first=True)
-    loss_mask = pad_sequence([torch.tensor(mask) for _, mask in sequences], batch_first=True)
-    return input_ids.to(device), loss_mask.to(device)  # (batch, S) each
+def collate(sequences: list[tuple], device) -> tuple[torch.Tensor, ...]:
+    """(input_ids, loss_mask) pairs, lists or arrays, right-padded to the longest: (batch, S) ids
+    and loss mask; the padding's mask 0 keeps it out."""
+    ids, masks = zip(*sequences)
+    return tuple(pad_sequence([torch.tensor(np.asarray(row, dtype=np.int64)) for row in rows],
+                              batch_first=True).to(device) for rows in (ids, masks))  # (batch, S)
 
 
 class MicroBatch(NamedTuple):
@@ -138,14 +139,16 @@ class MicroBatch(NamedTuple):
     real: torch.Tensor  # (batch, K): False for the padding blocks of rows with fewer anchors
 
 
-def micro_batches(sequences: list, step: int, global_batch: int, cfg: TrainConfig,
+def micro_batches(data: Sequences, step: int, global_batch: int, cfg: TrainConfig,
                   place: Distributed) -> list[MicroBatch]:
     """This process's micro-batches of `step`, anchored. Which sequences, and where their blocks
     start, depend on the global batch (size, seed, step), not on how processes share it out."""
-    epoch, items = global_batch_items(len(sequences), global_batch, step, cfg.seed)
+    epoch, items = global_batch_items(len(data.starts), global_batch, step, cfg.seed)
     batches = []
     for indices in share_of_batch(items, place, cfg.grad_accum):
-        input_ids, loss_mask = collate([sequences[i] for i in indices], place.device)  # (batch, S)
+        rows = [slice(data.starts[i], data.starts[i] + data.lengths[i]) for i in indices]
+        sequences = [(data.tokens[row], data.loss_mask[row]) for row in rows]  # read from disk here
+        input_ids, loss_mask = collate(sequences, place.device)  # (batch, S)
         generators = [anchor_generator(cfg.seed, epoch, i) for i in indices]
         anchors, real = batch_anchors(loss_mask, cfg.num_anchors, generators)  # (batch, K) each
         batches.append(MicroBatch(input_ids, loss_mask, anchors, real))
@@ -211,7 +214,7 @@ class Run:
     config: DrafterConfig
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
-    sequences: list  # (input_ids, loss_mask) pairs
+    sequences: Sequences  # flat arrays: in memory, or mapped from a packed folder
     weights: torch.Tensor  # (B,): the slots' weights in the loss
     saved: dict  # what every checkpoint holds beside the states: the configs, the data's hash
     global_batch: int  # sequences per optimizer step
@@ -240,22 +243,22 @@ def start_run(cfg: TrainConfig, place: Distributed) -> Run:
     tokenizer = find_tokenizer(tokenizer_folder, required=cfg.tokenizer is not None)
     drafter = starting_drafter(cfg, target, tokenizer)
     limit = min(cfg.max_seq_len, target.config.max_position_embeddings)  # past them: positions
-    sequences = load_sequences(Path(cfg.data), limit, target.config.vocab_size)  # it never had
+    sequences = load_sequences(Path(cfg.data), limit, target.config.vocab_size,  # it never had
+                               target_config=Path(cfg.target) / "config.json")
     if sequences.cut and place.main:
         print(cut_note(sequences, limit, cfg.max_seq_len), file=sys.stderr)
-    sequences = sequences.pairs
     check_sizes(cfg, drafter.config, target.config, sequences, device)
     drafter.recompute_layers = not cfg.keep_activations
     model = wrap_for_training(drafter.to(device).train(), place, cfg.fsdp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
     global_batch = cfg.batch_size * place.world * cfg.grad_accum
-    total_steps = cfg.steps or cfg.epochs * steps_per_epoch(len(sequences), global_batch)
+    total_steps = cfg.steps or cfg.epochs * steps_per_epoch(len(sequences.starts), global_batch)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: cosine_with_warmup(step, total_steps, cfg.warmup))
     block_size = drafter.config.block_size
     weights = slot_weights(block_size, cfg.gamma or gamma_for_block_size(block_size))
     saved = {"target_config": asdict(target.config), "train_config": asdict(cfg),
-             "drafter_config": drafter.config.to_dict(), "data_sha256": content_hash(cfg.data)}
+             "drafter_config": drafter.config.to_dict(), "data_sha256": sequences.sha256}
     run = Run(cfg, place, target, model, drafter.config, optimizer, scheduler, sequences, weights,
               saved, global_batch, total_steps, min(total_steps, cfg.stop_at or total_steps),
               LogTally.zeros(block_size, device))
@@ -343,7 +346,8 @@ def log_line(run: Run, bar, evaluating: bool) -> dict:
               **run.tally.pooled(run.place), "lr": run.scheduler.get_last_lr()[0],
               "elapsed": round(run.elapsed(), 2)}
     if evaluating:
-        record.update(evaluate(run.target, unwrap(run.model), run.heldout, run.place))
+        weights = full_weights(run.model, run.cfg.fsdp)  # gathered from FSDP2's shards
+        record.update(evaluate(run.target, run.config, weights, run.heldout, run.place))
     if run.place.main:
         seconds = max(run.elapsed() - run.elapsed_before, 1e-9)
         write_log(Path(run.cfg.out) / LOG_FILE, record, bar,
@@ -380,12 +384,8 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
 def train_from_args(args: argparse.Namespace) -> int:
     """Train as the command line says; a run stopped by a signal exits as the shell expects (130
     for Ctrl-C)."""
-    if args.fsdp and args.eval_prompts:
-        raise UsageError("--eval-prompts is not supported with --fsdp (evaluate the saved drafter "
-                         "with generate.py)")
     if args.fsdp and int(os.environ.get("WORLD_SIZE", "1")) == 1:
-        raise UsageError("--fsdp shards the drafter over torchrun's processes, and this is one "
-                         "process (run it under torchrun, or leave --fsdp out)")
+        raise UsageError("--fsdp shards the drafter over torchrun's processes: run under torchrun")
     try:
         with distributed_run(args.device) as place:
             record = train(TrainConfig(**vars(args)), place)

@@ -9,12 +9,16 @@ a NaN is not a mask value."""
 from __future__ import annotations
 
 import hashlib
+import json
+import shutil
 from pathlib import Path
-from typing import NamedTuple, Sequence
+from typing import Iterator, NamedTuple, Sequence
 
+import numpy as np
 import torch
 
-from dflash.cli import UsageError, check_token_ids, jsonl_records
+from dflash.checkpoint import parse_json, read_text
+from dflash.cli import UsageError, check_token_ids
 from dflash.prompts import encode_for_generation, read_prompts
 from dflash.qwen3 import Qwen3
 from dflash.sampling import Sampling, keep_only, sample
@@ -71,29 +75,148 @@ def generate_batch(target: Qwen3, prompts: list[list[int]], max_new_tokens: int,
     return answers
 
 
+# ------------------------------------------------------------------ the data as flat arrays
+
+
+PACKED = {"tokens": np.uint32, "loss_mask": np.uint8, "offsets": np.int64, "first_anchor": np.int64}
+MANIFEST, PACKED_FORMAT = "manifest.json", "dflash-packed-1"
+
+
 class Sequences(NamedTuple):
-    """The training sequences as read: (input_ids, loss_mask) pairs, and how many were cut."""
-    pairs: list[tuple[list[int], list[int]]]
+    """The training sequences as flat arrays (memory-mapped from a packed folder, or built from
+    JSONL): sequence i is `tokens[starts[i]:starts[i] + lengths[i]]`, already cut to the limit."""
+    tokens: np.ndarray  # (T,) uint32: every sequence's input_ids, one after another
+    loss_mask: np.ndarray  # (T,) uint8: 1 on the answers' tokens
+    starts: np.ndarray  # (n,) int64
+    lengths: np.ndarray  # (n,) int64
+    sha256: str  # the data's content hash: what a resume compares
     cut: int  # sequences longer than the limit, cut to it
     tokens_dropped: int  # what the cuts removed
 
 
-def load_sequences(path: Path, max_seq_len: int, vocab_size: int) -> Sequences:
-    """The data read back for training, cut to max_seq_len (the answer's end goes first); a sequence
-    where no block can start (a block needs two answer tokens in a row:
-    `train.valid_anchor_positions`) is dropped."""
-    pairs, cut, dropped = [], 0, 0
-    for where, record in jsonl_records(path, "data file"):
-        ids, mask = checked_record(record, where, vocab_size)
-        if len(ids) > max_seq_len:
-            cut, dropped = cut + 1, dropped + len(ids) - max_seq_len
-            ids, mask = ids[:max_seq_len], mask[:max_seq_len]
-        if any(this and following for this, following in zip(mask, mask[1:])):
-            pairs.append((ids, mask))
-    if not pairs:
+def first_anchor(mask: Sequence[int]) -> int:
+    """The first position a with x_a and x_{a+1} in the answer (where a block can start), or -1."""
+    answer = np.asarray(mask, dtype=bool)
+    pairs = np.flatnonzero(answer[:-1] & answer[1:])
+    return int(pairs[0]) if len(pairs) else -1
+
+
+def load_sequences(path: Path, max_seq_len: int, vocab_size: int,
+                   target_config: Path | None = None) -> Sequences:
+    """The data for training, cut to max_seq_len (the answer's end goes first); a sequence where
+    no block can start (`train.valid_anchor_positions`) is dropped. A packed folder (`pack`) is
+    memory-mapped, read only where a batch reads; a JSONL file is read whole into flat arrays. A
+    packed folder made for another target (`target_config`, its config.json) is refused."""
+    packed = open_packed(path, vocab_size, target_config) if Path(path).is_dir() \
+        else read_jsonl(path, vocab_size)
+    arrays, sha256 = packed
+    offsets = arrays["offsets"]
+    lengths = np.diff(offsets)  # (n,)
+    kept = (arrays["first_anchor"] >= 0) & (arrays["first_anchor"] + 1 < max_seq_len)
+    if not kept.any():
         raise UsageError(f"{path}: the dataset yields no valid block (no two answer tokens in a "
                          f"row within --max-seq-len {max_seq_len})")
-    return Sequences(pairs, cut, dropped)
+    too_long = lengths > max_seq_len
+    return Sequences(arrays["tokens"], arrays["loss_mask"], offsets[:-1][kept],
+                     np.minimum(lengths, max_seq_len)[kept], sha256, int(too_long.sum()),
+                     int((lengths[too_long] - max_seq_len).sum()))
+
+
+def read_jsonl(path: Path, vocab_size: int) -> tuple[dict, str]:
+    """A JSONL data file's records, checked, as the flat arrays of a packed folder, and their hash
+    (the same as the packed folder's: a run may resume on either)."""
+    ids, masks, lengths, anchors, digest = [], [], [0], [], hashlib.sha256()
+    for record_ids, mask in checked_records(path, vocab_size):
+        ids.append(record_ids)
+        masks.append(mask)
+        digest.update(record_ids.tobytes() + mask.tobytes())
+        lengths.append(len(record_ids))
+        anchors.append(first_anchor(mask))
+    arrays = {"tokens": np.concatenate(ids) if ids else np.zeros(0, np.uint32),
+              "loss_mask": np.concatenate(masks) if masks else np.zeros(0, np.uint8),
+              "offsets": np.cumsum(lengths, dtype=np.int64),
+              "first_anchor": np.asarray(anchors, dtype=np.int64)}
+    return arrays, digest.hexdigest()
+
+
+def checked_records(path: Path, vocab_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Each record of a JSONL data file, checked (`checked_record`), as (uint32 ids, uint8 mask):
+    one line in memory at a time. Every way reading fails is one error naming the file."""
+    try:
+        with open(path, encoding="utf-8") as lines:
+            for number, line in enumerate(lines, start=1):
+                if line.strip():
+                    where = f"{path}:{number}"
+                    record = parse_json(line, where, UsageError)
+                    ids, mask = checked_record(record, where, vocab_size)
+                    yield np.asarray(ids, dtype=np.uint32), np.asarray(mask, dtype=np.uint8)
+    except FileNotFoundError:
+        raise UsageError(f"{path}: data file not found") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(f"{path}: cannot read the data file ({err})") from None
+
+
+def pack(jsonl: Path, folder: Path, vocab_size: int, identity: dict) -> int:
+    """Write make_data.py's JSONL as a packed folder: a flat token file, the loss masks, where each
+    sequence starts and where its first block can, and `manifest.json` (the format, the sizes, the
+    content hash and `identity`: which target made it). One record in memory at a time; the folder
+    appears whole, under its name, only when it is complete. Returns the sequences written."""
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    digest, offsets, anchors, largest = hashlib.sha256(), [0], [], -1
+    tokens_path, masks_path = partial / "tokens.bin", partial / "loss_mask.bin"
+    try:
+        with open(tokens_path, "wb") as tokens, open(masks_path, "wb") as masks:
+            for ids, mask in checked_records(jsonl, vocab_size):
+                tokens.write(ids.tobytes())
+                masks.write(mask.tobytes())
+                digest.update(ids.tobytes() + mask.tobytes())
+                offsets.append(offsets[-1] + len(ids))
+                anchors.append(first_anchor(mask))
+                largest = max(largest, int(ids.max(initial=0)))
+    except BaseException:  # a bad record, a full disk, Ctrl-C: no half folder is left
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    np.asarray(offsets, dtype=np.int64).tofile(partial / "offsets.bin")
+    np.asarray(anchors, dtype=np.int64).tofile(partial / "first_anchor.bin")
+    manifest = {"format": PACKED_FORMAT, "sequences": len(anchors), "tokens": offsets[-1],
+                "largest_token_id": largest, "sha256": digest.hexdigest(), **identity}
+    (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.rename(folder)
+    return len(anchors)
+
+
+def open_packed(folder: Path, vocab_size: int, target_config: Path | None) -> tuple[dict, str]:
+    """A packed folder's arrays, memory-mapped (nothing is read until a batch slices them), and its
+    content hash, after checking its manifest against the files and the target."""
+    manifest = parse_json(read_text(folder / MANIFEST, UsageError, "packed data's manifest"),
+                          folder / MANIFEST, UsageError)
+    if not isinstance(manifest, dict) or manifest.get("format") != PACKED_FORMAT:
+        raise UsageError(f"{folder}: not a packed data folder of make_data.py ({MANIFEST} "
+                         f"has no format {PACKED_FORMAT!r})")
+    if not isinstance(manifest.get("largest_token_id"), int) or \
+            manifest["largest_token_id"] >= vocab_size:
+        raise UsageError(f"{folder}: holds token id {manifest.get('largest_token_id')}, outside "
+                         f"the target's vocabulary (0..{vocab_size - 1})")
+    made_for = manifest.get("target_config_sha256")
+    if None not in (target_config, made_for) and made_for != content_hash(target_config):
+        raise UsageError(f"{folder}: made by another target (its config.json differs from "
+                         f"{target_config}): a drafter learns the answers of the target it serves")
+    sizes = {"tokens": manifest.get("tokens"), "loss_mask": manifest.get("tokens"),
+             "first_anchor": manifest.get("sequences")}
+    sizes["offsets"] = None if sizes["first_anchor"] is None else sizes["first_anchor"] + 1
+    arrays = {}
+    for name, dtype in PACKED.items():
+        path = folder / f"{name}.bin"
+        expected = sizes[name] * np.dtype(dtype).itemsize if isinstance(sizes[name], int) else -1
+        if not path.is_file() or path.stat().st_size != expected:
+            raise UsageError(f"{path}: missing, or not the {sizes[name]} entries {MANIFEST} says "
+                             f"(a copy cut short?)")
+        arrays[name] = np.memmap(path, dtype=dtype, mode="r") if expected \
+            else np.zeros(0, dtype=dtype)
+    return arrays, manifest["sha256"]
 
 
 def cut_note(sequences: Sequences, limit: int, max_seq_len: int) -> str:

@@ -19,7 +19,7 @@ from typing import NamedTuple, Sequence
 import torch
 
 from dflash.data import encode_prompts, generate_batch
-from dflash.drafter import Drafter
+from dflash.drafter import Drafter, DrafterConfig
 from dflash.prompts import check_no_mask_token, check_request
 from dflash.qwen3 import Qwen3, argmax
 from dflash.results import acceptance_histogram
@@ -92,24 +92,19 @@ def acceptance_lengths(target: Qwen3, drafter: Drafter, continuation: Continuati
     return lengths
 
 
-def evaluate(target: Qwen3, drafter: Drafter, heldout: list[Continuation],
+def evaluate(target: Qwen3, config: DrafterConfig, weights: dict, heldout: list[Continuation],
              place: Distributed = Distributed()) -> dict:
     """tau and the per-slot acceptance greedy DFlash would serve, over every process's held-out
-    prompts (a collective call), with the drafter in the target's dtype, as it is served."""
-    copy = served_copy(drafter, target.embed_tokens.weight)
+    prompts (a collective call), with the drafter (`config`, its whole `weights`, as
+    `training.full_weights` gathers them) in the target's dtype and on its device, as it is served:
+    its RoPE frequencies stay in float32, as loading keeps them."""
+    drafter = Drafter(config).to(target.embed_tokens.weight).eval()
+    drafter.load_state_dict(weights)  # cast to the target's dtype
     lengths = [length for continuation in heldout
-               for length in acceptance_lengths(target, copy, continuation)]
-    histogram = acceptance_histogram(lengths, drafter.config.block_size)  # steps of 1..B tokens
+               for length in acceptance_lengths(target, drafter, continuation)]
+    histogram = acceptance_histogram(lengths, config.block_size)  # steps of 1..B tokens
     pooled = place.sum(torch.tensor(histogram, dtype=torch.float64, device=place.device))
     return served_figures(pooled.tolist())
-
-
-def served_copy(drafter: Drafter, like: torch.Tensor) -> Drafter:
-    """The drafter as it is served: in the target's dtype and on its device (`like`), evaluating.
-    Its RoPE frequencies stay in float32, as loading keeps them."""
-    copy = Drafter(drafter.config).to(like).eval()
-    copy.load_state_dict(drafter.state_dict())  # cast to the target's dtype
-    return copy
 
 
 def served_figures(histogram: Sequence[float]) -> dict:

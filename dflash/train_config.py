@@ -133,13 +133,13 @@ def starting_drafter(cfg: TrainConfig, target: Qwen3, tokenizer) -> Drafter:
     return drafter
 
 
-def check_sizes(cfg: TrainConfig, config: DrafterConfig, target: Qwen3Config, sequences: list,
+def check_sizes(cfg: TrainConfig, config: DrafterConfig, target: Qwen3Config, sequences,
                 device: torch.device) -> None:
     """Refuse, before any batch is built, a block the target has no positions for, or a step that
     cannot fit this machine: its block activations (one float32 hidden state per block slot and
     drafter layer, kept for the backward), the target's features, and on the CPU the attention
-    mask over the blocks, for (input_ids, loss_mask) `sequences` as long as the longest."""
-    longest = max(len(ids) for ids, _ in sequences)
+    mask over the blocks, for `sequences` (dflash.data.Sequences) as long as the longest."""
+    longest = int(sequences.lengths.max())
     named = "--block-size" if not cfg.init_from else "the --init-from drafter's block_size"
     if config.block_size > target.max_position_embeddings:
         raise UsageError(f"{named} {config.block_size} does not fit the target's "
@@ -171,8 +171,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Examples, torchrun, memory, the log: docs/training.md."), formatter_class=HelpWithDefaults)
     add = parser.add_argument
     add("--target", required=True, help="the frozen target's checkpoint folder")
-    add("--data", required=True,
-        help="JSONL written by make_data.py: input_ids and loss_mask per line")
+    add("--data", required=True, help="JSONL written by make_data.py (input_ids and loss_mask "
+        "per line), or the folder its --pack wrote (memory-mapped: never read whole)")
     add("--out", required=True, help="folder for the drafter, training_state.pt and "
         "train_log.jsonl; one run at a time (train.lock holds its process id)")
     add("--tokenizer", help="tokenizer folder (default: the target's, if it has one)")

@@ -153,6 +153,14 @@ def snapshot(model: nn.Module, optimizer, scheduler, place: Distributed, fsdp: b
     return {"model": weights, "optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "rng": rngs}
 
 
+def full_weights(model: nn.Module, fsdp: bool) -> dict[str, torch.Tensor]:
+    """The model's whole weights on every process, FSDP2's shards gathered (a collective call)."""
+    if not fsdp:
+        return unwrap(model).state_dict()
+    from torch.distributed.checkpoint import state_dict as dcp
+    return dcp.get_model_state_dict(model, options=dcp.StateDictOptions(full_state_dict=True))
+
+
 def restore_snapshot(state: dict, model: nn.Module, optimizer, scheduler, place: Distributed, fsdp: bool) -> None:
     """The inverse of `snapshot`: every process loads the full states (FSDP keeps its shard) and its own rng."""
     if len(state["rng"]) != place.world:

@@ -640,7 +640,7 @@ def test_the_tau_evaluation_keeps_ropes_frequencies_in_float32(monkeypatch):
         return [1]
 
     monkeypatch.setattr(evaluation, "acceptance_lengths", record_drafter)
-    evaluation.evaluate(target, drafter, [evaluation.Continuation([1, 2, 3, 4], 3, 1)])
+    evaluation.evaluate(target, config, drafter.state_dict(), [evaluation.Continuation([1, 2, 3, 4], 3, 1)])
     rotary = seen[0].rotary
     assert seen[0].fc.weight.dtype == torch.bfloat16
     assert rotary.inv_freq.dtype == torch.float32 and torch.equal(rotary.inv_freq, rotary.inverse_frequencies())

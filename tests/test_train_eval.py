@@ -64,6 +64,6 @@ def test_evaluate_pools_the_steps_of_every_prompt():
     target, drafter, prompts, stop_ids = demo_prompts(4)
     continuations = greedy_continuations(target, prompts, 32, stop_ids, drafter.config.block_size)
     lengths = [n for c in continuations for n in acceptance_lengths(target, drafter, c)]
-    figures = evaluate(target, drafter, continuations)
+    figures = evaluate(target, drafter.config, drafter.state_dict(), continuations)
     assert figures["eval_tau"] == pytest.approx(sum(lengths) / len(lengths), abs=1e-4)
     assert len(figures["eval_slot_acceptance"]) == drafter.config.block_size - 1

@@ -35,7 +35,7 @@ def random_prompts(path: Path, count: int, seed: int) -> list[list[int]]:
 def mean_tau(target: Qwen3, drafter: Drafter, prompts: list[list[int]]) -> float:
     continuations = greedy_continuations(target, [(ids, None) for ids in prompts], NEW_TOKENS, (),
                                          drafter.config.block_size)
-    return evaluate(target, drafter, continuations)["eval_tau"]
+    return evaluate(target, drafter.config, drafter.state_dict(), continuations)["eval_tau"]
 
 
 def test_slow_training_teaches_the_drafter_to_draft(tmp_path):
