@@ -17,8 +17,8 @@ from typing import Sequence, TextIO
 import torch
 from tqdm import tqdm
 
-from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_output, jsonl_records, pick_device,
-                        pick_dtype, positive_int, run_cli)
+from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_output, jsonl_records,
+                        pick_device, pick_dtype, positive_int, run_cli)
 from dflash.data import content_hash, encode_prompts, generate_batch, pack
 from dflash.prompts import PROMPT_FORMAT, add_prompt_options
 from dflash.qwen3 import Qwen3
@@ -87,8 +87,8 @@ def make_data(args: argparse.Namespace) -> int:
         for start in range(0, len(pending), args.batch_size):
             indices = pending[start:start + args.batch_size]
             batch, choices = [prompts[i][0] for i in indices], [prompts[i][1] for i in indices]
-            answers = generate_batch(target, batch, args.max_new_tokens, sampling, stop_ids, generator,
-                                     first_token_choices=choices)
+            answers = generate_batch(target, batch, args.max_new_tokens, sampling, stop_ids,
+                                     generator, first_token_choices=choices)
             for i, prompt, answer in zip(indices, batch, answers):  # the format at the top of this file
                 out.write(json.dumps({"index": i, "input_ids": prompt + answer,
                                       "loss_mask": [0] * len(prompt) + [1] * len(answer), "settings": settings}) + "\n")

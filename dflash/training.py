@@ -181,14 +181,14 @@ def restore_snapshot(state: dict, model: nn.Module, optimizer, scheduler, place:
         torch.cuda.set_rng_state_all(rng["cuda"])
 
 
-def save_checkpoint(out: Path, model: nn.Module, optimizer, scheduler, place: Distributed, run: dict,
-                    *, previous: int | None = None) -> None:
+def save_checkpoint(out: Path, model: nn.Module, optimizer, scheduler, place: Distributed,
+                    run: dict, *, previous: int | None = None) -> None:
     """Into `out`: all a resume needs (`run`: the configs, the step, the time) and the trained model
     (`config.json` + `model.safetensors`, as `from_pretrained` reads them), each file written
-    atomically, the training state first: it holds the weights too, so a crash or a full disk between
-    the writes never pairs two steps' states. A write that fails is one line saying what is still
-    whole (`previous`: the step of the last complete checkpoint). A collective call; the main
-    process writes."""
+    atomically, the training state first: it holds the weights too, so a crash or a full disk
+    between the writes never pairs two steps' states. A write that fails is one line saying what
+    is still whole (`previous`: the step of the last complete checkpoint). A collective call; the
+    main process writes."""
     state = snapshot(model, optimizer, scheduler, place, run["train_config"]["fsdp"])
     if not place.main:
         return
@@ -202,9 +202,9 @@ def save_checkpoint(out: Path, model: nn.Module, optimizer, scheduler, place: Di
     try:
         save_tensors(out, state["model"], run["drafter_config"])
     except OSError as err:
-        raise UsageError(f"saving step {step}'s drafter failed ({failure(err)}): its training state is "
-                         f"complete; free some space, then run the same command with --resume "
-                         f"(model.safetensors is written again)") from None
+        raise UsageError(f"saving step {step}'s drafter failed ({failure(err)}): its training "
+                         f"state is complete; free some space, then run the same command with "
+                         f"--resume (model.safetensors is written again)") from None
 
 
 def failure(err: Exception) -> str:
@@ -228,9 +228,9 @@ def resume(out: Path, run: dict, model: nn.Module, optimizer, scheduler, place: 
     refuse_changes(state["train_config"], run["train_config"], "--resume: the option", may_change)
     refuse_changes(state["drafter_config"], run["drafter_config"], "--resume: the drafter's")
     if state.get("data_sha256", run["data_sha256"]) != run["data_sha256"]:  # older runs saved none
-        raise UsageError(f"--resume: the data file's contents changed since the run began (sha256 "
-                         f"{state['data_sha256'][:12]}..., now {run['data_sha256'][:12]}...): resume "
-                         f"with the data it started with")
+        raise UsageError(f"--resume: the data file's contents changed since the run began "
+                         f"(sha256 {state['data_sha256'][:12]}..., now "
+                         f"{run['data_sha256'][:12]}...): resume with the data it started with")
     restore_snapshot(state, model, optimizer, scheduler, place, run["train_config"]["fsdp"])
     if place.main:
         forget_log_after(out / LOG_FILE, state["step"])  # its steps after the state are about to be redone
@@ -264,7 +264,8 @@ def prepare_run_folder(out: Path, resume: bool, force: bool, outputs: tuple[str,
     check_output(out, "--out", folder=True)
     if resume and not out.is_dir():
         raise UsageError(f"{out}: nothing to resume (no such folder)")
-    if out.exists() and any(path.name != LOCK_FILE for path in out.iterdir()) and not (resume or force):
+    in_use = out.exists() and any(path.name != LOCK_FILE for path in out.iterdir())
+    if in_use and not (resume or force):
         raise UsageError(f"{out}: exists and is not empty (use --resume to continue or --force to "
                          f"overwrite)")
     if force and not resume:
@@ -275,16 +276,17 @@ def prepare_run_folder(out: Path, resume: bool, force: bool, outputs: tuple[str,
 
 
 def take_lock(lock: Path) -> bool:
-    """Create `lock` holding "host pid" (True), or refuse in one line if a live run holds it. A lock whose
-    process is gone on this host is a crashed run's: it is replaced."""
+    """Create `lock` holding "host pid" (True), or refuse in one line if a live run holds it. A
+    lock whose process is gone on this host is a crashed run's: it is replaced."""
     for _ in range(2):
         try:
             handle = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             host, _, pid = lock.read_text().strip().partition(" ")
             if host != socket.gethostname() or process_alive(int(pid) if pid.isdigit() else 0):
-                raise UsageError(f"{lock.parent}: another run is training in it (process {pid} on "
-                                 f"{host}, {lock.name}); wait for it, or use another --out") from None
+                raise UsageError(f"{lock.parent}: another run is training in it (process {pid} "
+                                 f"on {host}, {lock.name}); wait for it, or use another --out") \
+                    from None
             lock.unlink(missing_ok=True)  # its run crashed
             continue
         with os.fdopen(handle, "w") as file:
