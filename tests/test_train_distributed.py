@@ -155,3 +155,21 @@ def test_under_torchrun_the_passed_on_signal_does_not_cut_the_step(monkeypatch):
         for _ in range(2):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.01)
+
+
+@pytest.mark.parametrize("way", ["2 x 2 DDP", "2 x 2 FSDP2"])
+def test_the_evaluation_under_torchrun_pools_every_process_prompts(data, tmp_path, way):
+    """--eval-prompts under DDP and FSDP2 (whose drafter is gathered from its shards): each process
+    replays its share of the held-out prompts, and the pooled figures are those of one process
+    replaying them all."""
+    prompts = tmp_path / "heldout.jsonl"
+    generator = torch.Generator().manual_seed(1)
+    prompts.write_text("".join(json.dumps({"prompt_ids": torch.randint(0, 512, (6 + i,), generator=generator)
+                                           .tolist()}) + "\n" for i in range(5)))  # 3 and 2 a process
+    extra = ("--steps", "4", "--eval-prompts", str(prompts), "--eval-max-new-tokens", "12")
+    run_to_the_end("1 x 4", data, tmp_path / "alone", *extra)
+    run_to_the_end(way, data, tmp_path / "shared", *extra)
+    alone, shared = log(tmp_path / "alone")[-1], log(tmp_path / "shared")[-1]
+    assert alone["eval_tau"] is not None and len(alone["eval_slot_acceptance"]) == 3
+    assert (shared["eval_tau"], shared["eval_slot_acceptance"]) == (alone["eval_tau"],
+                                                                   alone["eval_slot_acceptance"])
