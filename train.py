@@ -33,7 +33,7 @@ from dflash.qwen3 import Qwen3, masked
 from dflash.tokenizer import find_tokenizer, stop_token_ids
 from dflash.train_config import (  # noqa: F401 (DEFAULT_*, build_drafter_config: notebook 4's)
     DEFAULT_BLOCK_SIZE, DEFAULT_DRAFTER_LAYERS, MAY_CHANGE_ON_RESUME, TrainConfig,
-    build_drafter_config, build_parser, check_sizes, starting_drafter)
+    build_drafter_config, build_parser, check_sizes, starting_drafter, starting_or_resuming)
 from dflash.train_kernels import AnchoredBlocks, chunked_lm_head_loss
 from dflash.training import (LOG_FILE, STATE_FILE, Distributed, LogTally, Signals,
                              anchor_generator, apply_gradients, cosine_with_warmup,
@@ -388,7 +388,7 @@ def train_from_args(args: argparse.Namespace) -> int:
         raise UsageError("--fsdp shards the drafter over torchrun's processes: run under torchrun")
     try:
         with distributed_run(args.device) as place:
-            record = train(TrainConfig(**vars(args)), place)
+            record = train(starting_or_resuming(TrainConfig(**vars(args))), place)
     except KeyboardInterrupt:  # a second Ctrl-C: at once, but never in the middle of a save
         print(f"stopped at once by a second SIGINT: {args.out} keeps its last complete checkpoint; "
               f"to continue, run the same command with --resume", file=sys.stderr)

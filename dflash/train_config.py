@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 
 import torch
 
@@ -14,14 +15,14 @@ from dflash.cli import (HelpWithDefaults, OneLineErrors, UsageError, add_device_
 from dflash.drafter import Drafter, DrafterConfig, check_fits, default_target_layer_ids
 from dflash.prompts import PROMPT_FORMAT
 from dflash.qwen3 import Qwen3, Qwen3Config
-from dflash.training import init_weights, memory_of
+from dflash.training import STATE_FILE, init_weights, memory_of
 
 DEFAULT_DRAFTER_LAYERS, DEFAULT_BLOCK_SIZE = 5, 16  # a new drafter's; --init-from: the drafter's
 # What --resume may change: when to stop, what to log and evaluate, where to run, where the folder
 # and the data now are (the data's contents are compared). The rest must be as saved.
 MAY_CHANGE_ON_RESUME = ("resume", "force", "minutes", "stop_at", "eval_prompts", "eval_every",
                         "eval_max_new_tokens", "save_every", "save_every_minutes", "log_every",
-                        "device", "out", "data")
+                        "device", "out", "data", "auto_resume")
 
 
 @dataclass
@@ -71,10 +72,20 @@ class TrainConfig:
     stop_at: int | None = None
     resume: bool = False
     force: bool = False
+    auto_resume: bool = False  # resume if --out holds a checkpoint, else start
     device: str = "auto"
     dtype: str = "auto"  # the frozen target's: the drafter trains in float32
 
 
+
+
+def starting_or_resuming(cfg: TrainConfig) -> TrainConfig:
+    """--auto-resume made concrete: --resume where --out holds a checkpoint, else --force (over
+    what a run left before its first save), so that one command starts and restarts a run."""
+    if not cfg.auto_resume:
+        return cfg
+    resumable = (Path(cfg.out) / STATE_FILE).is_file()
+    return replace(cfg, resume=resumable, force=not resumable)
 
 
 # ------------------------------------------------------------------ the drafter it implies
@@ -232,6 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
     either = parser.add_mutually_exclusive_group()
     either.add_argument("--resume", action="store_true", help="continue the run in --out exactly "
                         "(the folder may have moved; the data's contents must be the same)")
+    either.add_argument("--auto-resume", action="store_true", help="resume if --out holds a "
+                        "checkpoint, else start (over what a run left before its first save): "
+                        "one command for the first start and every restart")
     either.add_argument("--force", action="store_true",
                         help="start over even though --out is not empty")
     add("--fsdp", action="store_true",

@@ -248,6 +248,20 @@ def test_a_moved_run_folder_and_moved_data_resume_exactly(tmp_path):
     assert same_weights(weights_of(tmp_path / "straight"), weights_of(moved))
 
 
+def test_one_command_starts_and_resumes(tmp_path):
+    """--auto-resume: the same command starts the run, then, run again (after a stop, a crash, a
+    preemption), continues it from its checkpoint, to the uninterrupted run's weights."""
+    data = write_data(tmp_path / "d.jsonl")
+    assert train.main(argv(data, tmp_path / "straight")) == 0
+    command = argv(data, tmp_path / "run", "--auto-resume", "--save-every", "2")
+    assert train.main([*command, "--stop-at", "3"]) == 0  # a job that ends early
+    assert torch.load(tmp_path / "run" / "training_state.pt", weights_only=True)["step"] == 3
+    assert train.main(command) == 0
+    assert same_weights(weights_of(tmp_path / "straight"), weights_of(tmp_path / "run"))
+    steps = [json.loads(line)["step"] for line in (tmp_path / "run" / "train_log.jsonl").open()]
+    assert steps == [1, 2, 3, 4, 5, 6]
+
+
 # ------------------------------------------------------------------ input refused in one line
 
 
