@@ -239,8 +239,7 @@ def start_run(cfg: TrainConfig, place: Distributed) -> Run:
     device = place.device
     target = Qwen3.from_pretrained(cfg.target, device=device, dtype=pick_dtype(cfg.dtype, device))
     target = freeze(target)
-    tokenizer_folder = Path(cfg.tokenizer or cfg.target)
-    tokenizer = find_tokenizer(tokenizer_folder, required=cfg.tokenizer is not None)
+    tokenizer = find_tokenizer(Path(cfg.tokenizer or cfg.target), cfg.tokenizer is not None)
     drafter = starting_drafter(cfg, target, tokenizer)
     limit = min(cfg.max_seq_len, target.config.max_position_embeddings)  # past them: positions
     sequences = load_sequences(Path(cfg.data), limit, target.config.vocab_size,  # it never had
@@ -258,7 +257,8 @@ def start_run(cfg: TrainConfig, place: Distributed) -> Run:
     block_size = drafter.config.block_size
     weights = slot_weights(block_size, cfg.gamma or gamma_for_block_size(block_size))
     saved = {"target_config": asdict(target.config), "train_config": asdict(cfg),
-             "drafter_config": drafter.config.to_dict(), "data_sha256": sequences.sha256}
+             "drafter_config": drafter.config.to_dict(), "data_sha256": sequences.sha256,
+             "global_batch": global_batch}
     run = Run(cfg, place, target, model, drafter.config, optimizer, scheduler, sequences, weights,
               saved, global_batch, total_steps, min(total_steps, cfg.stop_at or total_steps),
               LogTally.zeros(block_size, device))
@@ -267,8 +267,8 @@ def start_run(cfg: TrainConfig, place: Distributed) -> Run:
                                               place, may_change=MAY_CHANGE_ON_RESUME)
         run.saved_step = run.step
     if cfg.eval_prompts:  # checked before the first step: an evaluation never fails late
-        run.heldout = held_out(Path(cfg.eval_prompts), target, drafter, tokenizer,
-                               stop_ids=stop_token_ids(tokenizer_folder, tokenizer),
+        stops = stop_token_ids(Path(cfg.tokenizer or cfg.target), tokenizer)
+        run.heldout = held_out(Path(cfg.eval_prompts), target, drafter, tokenizer, stop_ids=stops,
                                max_new_tokens=cfg.eval_max_new_tokens,
                                token_healing=not cfg.no_token_healing, place=place)
     run.began = run.last_save = time.perf_counter()

@@ -19,10 +19,11 @@ from dflash.training import STATE_FILE, init_weights, memory_of
 
 DEFAULT_DRAFTER_LAYERS, DEFAULT_BLOCK_SIZE = 5, 16  # a new drafter's; --init-from: the drafter's
 # What --resume may change: when to stop, what to log and evaluate, where to run, where the folder
-# and the data now are (the data's contents are compared). The rest must be as saved.
+# and the data now are (the data's contents are compared), how the global batch is shared out
+# (its size is compared). The rest must be as saved.
 MAY_CHANGE_ON_RESUME = ("resume", "force", "minutes", "stop_at", "eval_prompts", "eval_every",
                         "eval_max_new_tokens", "save_every", "save_every_minutes", "log_every",
-                        "device", "out", "data", "auto_resume")
+                        "device", "out", "data", "auto_resume", "batch_size", "grad_accum")
 
 
 @dataclass

@@ -162,10 +162,10 @@ def full_weights(model: nn.Module, fsdp: bool) -> dict[str, torch.Tensor]:
 
 
 def restore_snapshot(state: dict, model: nn.Module, optimizer, scheduler, place: Distributed, fsdp: bool) -> None:
-    """The inverse of `snapshot`: every process loads the full states (FSDP keeps its shard) and its own rng."""
-    if len(state["rng"]) != place.world:
-        raise UsageError(f"--resume: the run used {len(state['rng'])} process(es), this one {place.world} "
-                         f"(an exact resume needs the same number)")
+    """The inverse of `snapshot`: every process loads the full states (FSDP keeps its shard) and its
+    own random state, or the first process's when the run had fewer: nothing a step computes draws
+    from it (data order and anchors have their own generators), so any number of processes may
+    resume a run."""
     if fsdp:
         from torch.distributed.checkpoint import state_dict as dcp
         options = dcp.StateDictOptions(full_state_dict=True)
@@ -175,7 +175,7 @@ def restore_snapshot(state: dict, model: nn.Module, optimizer, scheduler, place:
         unwrap(model).load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
-    rng = state["rng"][place.rank]
+    rng = state["rng"][place.rank if place.rank < len(state["rng"]) else 0]
     torch.set_rng_state(rng["torch"])
     if rng["cuda"]:
         torch.cuda.set_rng_state_all(rng["cuda"])
@@ -227,6 +227,10 @@ def resume(out: Path, run: dict, model: nn.Module, optimizer, scheduler, place: 
     refuse_changes(state["target_config"], run["target_config"], f"{state_path}: trained for another target:")
     refuse_changes(state["train_config"], run["train_config"], "--resume: the option", may_change)
     refuse_changes(state["drafter_config"], run["drafter_config"], "--resume: the drafter's")
+    if state.get("global_batch", run["global_batch"]) != run["global_batch"]:
+        raise UsageError(f"--resume: the run trained on {state['global_batch']} sequences a step, "
+                         f"this one would on {run['global_batch']} (processes x --batch-size x "
+                         f"--grad-accum: keep the product the same)")
     if state.get("data_sha256", run["data_sha256"]) != run["data_sha256"]:  # older runs saved none
         raise UsageError(f"--resume: the data file's contents changed since the run began "
                          f"(sha256 {state['data_sha256'][:12]}..., now "

@@ -173,3 +173,17 @@ def test_the_evaluation_under_torchrun_pools_every_process_prompts(data, tmp_pat
     assert alone["eval_tau"] is not None and len(alone["eval_slot_acceptance"]) == 3
     assert (shared["eval_tau"], shared["eval_slot_acceptance"]) == (alone["eval_tau"],
                                                                    alone["eval_slot_acceptance"])
+
+
+def test_a_two_process_run_resumes_on_one_process(runs, data, tmp_path):
+    """Stopped on 2 processes (DDP), resumed on 1 with the same global batch (4 sequences a step),
+    it ends where the uninterrupted one-process run ends, up to the order of float sums; a resume
+    that would change the global batch is refused."""
+    run_to_the_end("2 x 2 DDP", data, tmp_path, "--stop-at", str(STEPS // 2))
+    assert torch.load(tmp_path / "training_state.pt", weights_only=True)["step"] == STEPS // 2
+    assert train.main(train_argv(data, tmp_path, 2, "--resume")) == 2  # 2 sequences a step: refused
+    run_to_the_end("1 x 4", data, tmp_path, "--resume")
+    alone, resumed = load_file(runs["1 x 4"] / "model.safetensors"), load_file(tmp_path / "model.safetensors")
+    for name in alone:
+        torch.testing.assert_close(resumed[name], alone[name], rtol=1e-5, atol=1e-6)
+    assert [r["step"] for r in log(tmp_path)] == list(range(1, STEPS + 1))
