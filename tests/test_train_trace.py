@@ -3,6 +3,7 @@ recipe (train.py), the loop's helpers (dflash/training.py), the two models (dfla
 dflash/drafter.py) and the fast attention and loss (dflash/train_kernels.py): at most five files,
 and never a top-level script besides train.py (make_data.py, generate.py)."""
 
+import ast
 import json
 import sys
 from pathlib import Path
@@ -54,3 +55,15 @@ def test_one_training_step_opens_at_most_five_project_files(tmp_path):
     assert len(called) <= 5, sorted(called)
     assert not {"make_data.py", "generate.py"} & set(called)
     assert {"train.py", "dflash/drafter.py", "dflash/qwen3.py", "dflash/train_kernels.py"} <= set(called)
+
+
+def test_train_py_imports_no_top_level_script():
+    """What train.py shares with make_data.py and generate.py lives in dflash/: scripts stand on
+    the package, never on each other."""
+    tree = ast.parse((ROOT / "train.py").read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.module and node.level == 0}
+    scripts = {path.stem for path in ROOT.glob("*.py")}
+    assert {"generate", "make_data"} <= scripts and not imported & scripts
