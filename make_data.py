@@ -1,4 +1,4 @@
-"""Let a Qwen3 target answer prompts: a drafter's training data, written here and read back (`load_sequences`).
+"""Let a Qwen3 target answer prompts: a drafter's training data, written here, read by `train.py`.
 
 A drafter must guess what *this* target says, so it learns the target's own answers to prompts rendered as
 `generate.py` renders them, one JSONL line per prompt (`index` makes the file resumable; `input_ids` is the prompt,
@@ -15,62 +15,15 @@ from pathlib import Path
 from typing import Sequence, TextIO
 
 import torch
-from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
-from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_output, check_token_ids, jsonl_records,
+from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_output, jsonl_records,
                         pick_device, pick_dtype, positive_int, run_cli)
-from dflash.prompts import PROMPT_FORMAT, add_prompt_options, encode_for_generation, read_prompts
+from dflash.data import content_hash, encode_prompts, generate_batch, pack
+from dflash.prompts import PROMPT_FORMAT, add_prompt_options
 from dflash.qwen3 import Qwen3
-from dflash.sampling import Sampling, add_sampling_options, keep_only, sample, sampling_of
+from dflash.sampling import Sampling, add_sampling_options, sampling_of
 from dflash.tokenizer import find_tokenizer, stop_token_ids
-
-
-def encode_prompts(path: Path, tokenizer, chat: bool | None, thinking: bool, token_healing: bool,
-                   vocab_size: int) -> list[tuple[list[int], list[int] | None]]:
-    """(token ids, the first new token's choices or None) per prompt, as `generate.py` renders it."""
-    prompts = []
-    for prompt in read_prompts(path):
-        ids, choices = encode_for_generation(prompt, tokenizer, chat, thinking, token_healing)
-        check_token_ids([*ids, *(choices or [])], vocab_size, prompt.where)
-        prompts.append((ids, choices))
-    return prompts
-
-
-@torch.no_grad()
-def generate_batch(target: Qwen3, prompts: list[list[int]], max_new_tokens: int, sampling: Sampling | float,
-                   stop_ids: Sequence[int], generator: torch.Generator | None,
-                   first_token_choices: Sequence[list[int] | None] | None = None) -> list[list[int]]:
-    """Each prompt's answer, cut after its stop token, left-padded into one cache: `key_padding` hides the padding and
-    RoPE sees only differences, so a row computes what it would alone. `first_token_choices[row]` heals that row."""
-    device = target.embed_tokens.weight.device
-    batch, longest = len(prompts), max(len(p) for p in prompts)
-    total = longest + max_new_tokens
-    ids = torch.tensor([[0] * (longest - len(p)) + p for p in prompts], device=device)  # (batch, longest), 0 = padding
-    starts = torch.tensor([longest - len(p) for p in prompts], device=device)  # (batch,): where each prompt begins
-    key_padding = torch.arange(total, device=device) >= starts[:, None]  # (batch, total): True = real token
-    cache = target.new_cache(total, batch)
-    hidden, _ = target(ids, cache=cache, key_padding=key_padding)  # (batch, longest, hidden)
-    logits = target.logits(hidden[:, -1])  # (batch, vocab)
-    cache.extend(longest)  # the prompts are committed
-    if first_token_choices is not None:  # token healing, the first step only; a row without choices keeps all
-        logits = torch.stack([row if allowed is None else keep_only(row, allowed)
-                              for row, allowed in zip(logits, first_token_choices)])  # (batch, vocab)
-    answers: list[list[int]] = [[] for _ in prompts]
-    finished = [False] * batch
-    for position in range(longest, total):
-        tokens = sample(logits, sampling, generator)  # (batch,)
-        for row, token in enumerate(tokens.tolist()):
-            if not finished[row]:
-                answers[row].append(token)
-                finished[row] = token in stop_ids
-        if all(finished) or position == total - 1:
-            break
-        hidden, _ = target(tokens[:, None], positions=torch.tensor([position], device=device), cache=cache,
-                           key_padding=key_padding)  # (batch, 1, hidden)
-        logits = target.logits(hidden[:, -1])  # (batch, vocab)
-        cache.extend(1)
-    return answers
 
 
 def answer_settings(args: argparse.Namespace, sampling: Sampling) -> dict:
@@ -107,6 +60,8 @@ def open_for_append(path: Path) -> TextIO:
 def make_data(args: argparse.Namespace) -> int:
     """Answer every prompt `--out` does not answer yet, a batch at a time, appending as we go."""
     check_output(args.out, "--out")
+    if args.pack:
+        check_output(args.pack, "--pack", folder=True)
     sampling = sampling_of(args, args.target)
     settings = answer_settings(args, sampling)
     done = done_indices(args.out, settings)
@@ -132,39 +87,19 @@ def make_data(args: argparse.Namespace) -> int:
         for start in range(0, len(pending), args.batch_size):
             indices = pending[start:start + args.batch_size]
             batch, choices = [prompts[i][0] for i in indices], [prompts[i][1] for i in indices]
-            answers = generate_batch(target, batch, args.max_new_tokens, sampling, stop_ids, generator, choices)
+            answers = generate_batch(target, batch, args.max_new_tokens, sampling, stop_ids,
+                                     generator, first_token_choices=choices)
             for i, prompt, answer in zip(indices, batch, answers):  # the format at the top of this file
                 out.write(json.dumps({"index": i, "input_ids": prompt + answer,
                                       "loss_mask": [0] * len(prompt) + [1] * len(answer), "settings": settings}) + "\n")
             out.flush()  # a crash loses at most the batch being written
             bar.update(len(indices))
+    if args.pack:
+        identity = {"target": str(args.target), "settings": settings,
+                    "target_config_sha256": content_hash(args.target / "config.json")}
+        count = pack(args.out, args.pack, target.config.vocab_size, identity)
+        print(f"packed {count} sequences into {args.pack}", file=sys.stderr)
     return 0
-
-
-def load_sequences(path: Path, max_seq_len: int, vocab_size: int) -> list[tuple[list[int], list[int]]]:
-    """The data read back for training: (input_ids, loss_mask) pairs, cut to max_seq_len; a sequence where no block
-    can start (a block needs two answer tokens in a row: `train.valid_anchor_positions`) is dropped."""
-    sequences = []
-    for where, record in jsonl_records(path, "data file"):
-        ids, mask = (record.get("input_ids"), record.get("loss_mask")) if isinstance(record, dict) else (None, None)
-        if not isinstance(ids, list) or not isinstance(mask, list) or len(ids) != len(mask):
-            raise UsageError(f"{where}: needs input_ids and loss_mask lists of equal length")
-        if any(not isinstance(i, int) or not 0 <= i < vocab_size for i in ids):
-            raise UsageError(f"{where}: input_ids must be integers in 0..{vocab_size - 1}")
-        ids, mask = ids[:max_seq_len], [int(bool(m)) for m in mask[:max_seq_len]]
-        if any(this and following for this, following in zip(mask, mask[1:])):
-            sequences.append((ids, mask))
-    if not sequences:
-        raise UsageError(f"{path}: the dataset yields no valid block (no two answer tokens in a row "
-                         f"within --max-seq-len {max_seq_len})")
-    return sequences
-
-
-def collate(sequences: list[tuple[list[int], list[int]]], device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-pad to the longest: (batch, S) ids and loss mask. Padding has mask 0: no anchor or label reaches it."""
-    input_ids = pad_sequence([torch.tensor(ids) for ids, _ in sequences], batch_first=True)  # (batch, S)
-    loss_mask = pad_sequence([torch.tensor(mask) for _, mask in sequences], batch_first=True)  # (batch, S)
-    return input_ids.to(device), loss_mask.to(device)
 
 
 EXAMPLES = f"""\
@@ -174,6 +109,9 @@ examples:
   python make_data.py --target weights/Qwen3-8B --prompts prompts.jsonl --out data.jsonl
   # then train on the answers
   python train.py --target weights/Qwen3-8B --data data.jsonl --out runs/dflash
+  # large data: also pack it, a flat token file train.py reads lazily, never whole
+  python make_data.py --target weights/Qwen3-8B --prompts prompts.jsonl --out data.jsonl --pack data
+  python train.py --target weights/Qwen3-8B --data data --out runs/dflash
 
 {PROMPT_FORMAT}
 
@@ -195,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="for sampling at temperature > 0 (default: 0)")
     add_sampling_options(parser, draft_policy=False)
     add_prompt_options(parser)
+    parser.add_argument("--pack", type=Path, help="then also write OUT as a packed folder train.py "
+                        "memory-maps (run again to pack an OUT already complete)")
     add_device_options(parser)
     return parser
 

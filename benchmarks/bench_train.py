@@ -160,7 +160,9 @@ def measure_one(args: argparse.Namespace) -> dict:
         anchors, real = train.batch_anchors(loss_mask, args.anchors, [generator] * args.batch)
         started = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda"):
-            loss, _, _ = train.drafter_loss(target, drafter, input_ids, loss_mask, anchors, real, config=config,
+            features = train.target_features(target, input_ids, config)  # (batch, S, layers * hidden)
+            batch = train.MicroBatch(input_ids, loss_mask, anchors, real)
+            loss, _, _ = train.drafter_loss(target, drafter, features, batch, config=config,
                                             weights=weights, loss_chunk_size=0 if dense else args.loss_chunk_size,
                                             dense_attention=dense)
         optimizer_step(loss, drafter, optimizer, grad_clip=1.0)

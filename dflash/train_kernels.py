@@ -34,7 +34,8 @@ class ChunkedLMHeadLoss(torch.autograd.Function):
             total += (weights * (row_max + sums.log() - label_logits)).sum()  # CE = log sum exp - label logit
             if wants_grad:  # d/dlogits of w * CE is w * (softmax - one_hot)
                 probabilities = exponentials.div_(sums[:, None])  # (n, vocab)
-                probabilities[torch.arange(len(chunk_labels)), chunk_labels] -= 1.0
+                chunk_rows = torch.arange(len(chunk_labels), device=logits.device)  # no host sync
+                probabilities[chunk_rows, chunk_labels] -= 1.0
                 probabilities.mul_(weights[:, None])
                 grad_hidden[rows] = (probabilities.to(head.dtype) @ head).to(hidden.dtype)  # (n, hidden)
         ctx.mark_non_differentiable(hits)
@@ -69,7 +70,7 @@ class AnchoredBlocks:
     anchors: torch.Tensor  # (batch, K), sorted along each row (padding blocks may sit at 0)
     context_length: int  # S
     block_size: int  # B
-    blocks_per_chunk: int = 16  # the CPU path: how many consecutive blocks share one attention call
+    blocks_per_chunk: int = 16  # CPU path: blocks per SDPA call (a field so tests cross chunks)
     _flex_mask: object = field(default=None, repr=False)  # built once per step, shared by all layers
     _dense: torch.Tensor | None = field(default=None, repr=False)  # likewise, for the CPU path
 

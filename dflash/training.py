@@ -8,8 +8,8 @@ import json
 import math
 import os
 import signal
+import socket
 import threading
-import types
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +24,7 @@ from dflash.checkpoint import parse_json, read_text, remove_partial_writes, save
 from dflash.cli import UsageError, check_output, pick_device
 
 STATE_FILE, LOG_FILE = "training_state.pt", "train_log.jsonl"  # in a run's folder, beside the drafter it trains
+LOCK_FILE = "train.lock"  # while a run owns its folder: "host pid"
 
 
 @dataclass
@@ -152,11 +153,19 @@ def snapshot(model: nn.Module, optimizer, scheduler, place: Distributed, fsdp: b
     return {"model": weights, "optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "rng": rngs}
 
 
+def full_weights(model: nn.Module, fsdp: bool) -> dict[str, torch.Tensor]:
+    """The model's whole weights on every process, FSDP2's shards gathered (a collective call)."""
+    if not fsdp:
+        return unwrap(model).state_dict()
+    from torch.distributed.checkpoint import state_dict as dcp
+    return dcp.get_model_state_dict(model, options=dcp.StateDictOptions(full_state_dict=True))
+
+
 def restore_snapshot(state: dict, model: nn.Module, optimizer, scheduler, place: Distributed, fsdp: bool) -> None:
-    """The inverse of `snapshot`: every process loads the full states (FSDP keeps its shard) and its own rng."""
-    if len(state["rng"]) != place.world:
-        raise UsageError(f"--resume: the run used {len(state['rng'])} process(es), this one {place.world} "
-                         f"(an exact resume needs the same number)")
+    """The inverse of `snapshot`: every process loads the full states (FSDP keeps its shard) and its
+    own random state, or the first process's when the run had fewer: nothing a step computes draws
+    from it (data order and anchors have their own generators), so any number of processes may
+    resume a run."""
     if fsdp:
         from torch.distributed.checkpoint import state_dict as dcp
         options = dcp.StateDictOptions(full_state_dict=True)
@@ -166,20 +175,44 @@ def restore_snapshot(state: dict, model: nn.Module, optimizer, scheduler, place:
         unwrap(model).load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
-    rng = state["rng"][place.rank]
+    rng = state["rng"][place.rank if place.rank < len(state["rng"]) else 0]
     torch.set_rng_state(rng["torch"])
     if rng["cuda"]:
         torch.cuda.set_rng_state_all(rng["cuda"])
 
 
-def save_checkpoint(out: Path, model: nn.Module, optimizer, scheduler, place: Distributed, run: dict) -> None:
-    """Into `out`: the trained model (`config.json` + `model.safetensors`, as `from_pretrained` reads them) and all a
-    resume needs (`run`: the configs, the step, the time). The weights go twice: a crash between the two writes
-    never pairs two steps' states. A collective call; the main process writes."""
+def save_checkpoint(out: Path, model: nn.Module, optimizer, scheduler, place: Distributed,
+                    run: dict, *, previous: int | None = None) -> None:
+    """Into `out`: all a resume needs (`run`: the configs, the step, the time) and the trained model
+    (`config.json` + `model.safetensors`, as `from_pretrained` reads them), each file written
+    atomically, the training state first: it holds the weights too, so a crash or a full disk
+    between the writes never pairs two steps' states. A write that fails is one line saying what
+    is still whole (`previous`: the step of the last complete checkpoint). A collective call; the
+    main process writes."""
     state = snapshot(model, optimizer, scheduler, place, run["train_config"]["fsdp"])
-    if place.main:
-        save_tensors(out, state["model"], run["drafter_config"])
+    if not place.main:
+        return
+    step = run["step"]
+    kept = "no checkpoint yet" if previous is None else f"step {previous}'s checkpoint, complete"
+    try:
         save_training_state(out / STATE_FILE, {**state, **run})
+    except (OSError, RuntimeError) as err:  # a full disk: torch's writer raises RuntimeError
+        raise UsageError(f"saving step {step} failed ({failure(err)}): {out} keeps {kept}; free "
+                         f"some space, then run the same command with --resume") from None
+    try:
+        save_tensors(out, state["model"], run["drafter_config"])
+    except OSError as err:
+        raise UsageError(f"saving step {step}'s drafter failed ({failure(err)}): its training "
+                         f"state is complete; free some space, then run the same command with "
+                         f"--resume (model.safetensors is written again)") from None
+
+
+def failure(err: Exception) -> str:
+    """What an I/O error says, in one line: the system's reason, where torch's writer wraps it."""
+    cause = err
+    while cause is not None and not (isinstance(cause, OSError) and cause.strerror):
+        cause = cause.__context__
+    return cause.strerror if cause is not None else str(err).splitlines()[0]
 
 
 def resume(out: Path, run: dict, model: nn.Module, optimizer, scheduler, place: Distributed, *,
@@ -194,20 +227,51 @@ def resume(out: Path, run: dict, model: nn.Module, optimizer, scheduler, place: 
     refuse_changes(state["target_config"], run["target_config"], f"{state_path}: trained for another target:")
     refuse_changes(state["train_config"], run["train_config"], "--resume: the option", may_change)
     refuse_changes(state["drafter_config"], run["drafter_config"], "--resume: the drafter's")
+    if state.get("global_batch", run["global_batch"]) != run["global_batch"]:
+        raise UsageError(f"--resume: the run trained on {state['global_batch']} sequences a step, "
+                         f"this one would on {run['global_batch']} (processes x --batch-size x "
+                         f"--grad-accum: keep the product the same)")
+    if state.get("data_sha256", run["data_sha256"]) != run["data_sha256"]:  # older runs saved none
+        raise UsageError(f"--resume: the data file's contents changed since the run began "
+                         f"(sha256 {state['data_sha256'][:12]}..., now "
+                         f"{run['data_sha256'][:12]}...): resume with the data it started with")
     restore_snapshot(state, model, optimizer, scheduler, place, run["train_config"]["fsdp"])
     if place.main:
         forget_log_after(out / LOG_FILE, state["step"])  # its steps after the state are about to be redone
     return state["step"], state["elapsed"]
 
 
+@contextmanager
+def owned_run_folder(out: Path, resume: bool, force: bool, outputs: tuple[str, ...],
+                     main: bool = True) -> Iterator[None]:
+    """`prepare_run_folder`, then, within the block, the run owns `out`: the main process holds
+    its lock file, taken before anything in the folder is judged or removed and released on exit
+    (a crashed run's is noticed by its process id), so a second run into it is refused."""
+    if not main:
+        yield
+        return
+    check_output(out, "--out", folder=True)
+    locked = out.is_dir() and take_lock(out / LOCK_FILE)
+    try:
+        prepare_run_folder(out, resume, force, outputs)
+        locked = locked or take_lock(out / LOCK_FILE)  # a new folder: made just now
+        yield
+    finally:
+        if locked:
+            (out / LOCK_FILE).unlink(missing_ok=True)
+
+
 def prepare_run_folder(out: Path, resume: bool, force: bool, outputs: tuple[str, ...]) -> None:
-    """Refuse to mix a new run into an old one by accident, or to resume what is not there; with --force, remove the
-    old run's `outputs`. What a kill during a save left of them (`write_atomically`'s temporary files) goes."""
+    """Refuse to mix a new run into an old one by accident, or to resume what is not there; with
+    --force, remove the old run's `outputs`. What a kill during a save left of them
+    (`write_atomically`'s temporary files) goes."""
     check_output(out, "--out", folder=True)
     if resume and not out.is_dir():
         raise UsageError(f"{out}: nothing to resume (no such folder)")
-    if out.exists() and any(out.iterdir()) and not (resume or force):
-        raise UsageError(f"{out}: exists and is not empty (use --resume to continue or --force to overwrite)")
+    in_use = out.exists() and any(path.name != LOCK_FILE for path in out.iterdir())
+    if in_use and not (resume or force):
+        raise UsageError(f"{out}: exists and is not empty (use --resume to continue or --force to "
+                         f"overwrite)")
     if force and not resume:
         for name in outputs:
             (out / name).unlink(missing_ok=True)
@@ -215,9 +279,56 @@ def prepare_run_folder(out: Path, resume: bool, force: bool, outputs: tuple[str,
     remove_partial_writes(out, outputs)
 
 
+def take_lock(lock: Path) -> bool:
+    """Create `lock` holding "host pid" (True), or refuse in one line if a live run holds it. A
+    lock whose process is gone on this host is a crashed run's: it is replaced."""
+    for _ in range(2):
+        try:
+            handle = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            host, _, pid = lock.read_text().strip().partition(" ")
+            if host != socket.gethostname() or process_alive(int(pid) if pid.isdigit() else 0):
+                raise UsageError(f"{lock.parent}: another run is training in it (process {pid} "
+                                 f"on {host}, {lock.name}); wait for it, or use another --out") \
+                    from None
+            lock.unlink(missing_ok=True)  # its run crashed
+            continue
+        with os.fdopen(handle, "w") as file:
+            file.write(f"{socket.gethostname()} {os.getpid()}\n")
+        return True
+    raise UsageError(f"{lock}: could not take the lock (another run is starting?)")
+
+
+def process_alive(pid: int) -> bool:
+    """Whether a process with this id runs on this host."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)  # signal 0: only asks
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
+
+
+def memory_of(device: torch.device) -> int:
+    """Bytes of memory on `device`: the GPU's, or the machine's physical memory."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # no sysconf (Windows): no bound from here
+        return 2**63
+
+
 def save_training_state(path: Path, state: dict) -> None:
     """Write what a resume needs, atomically: a crash mid-write leaves the previous state whole."""
-    write_atomically(path, lambda tmp: torch.save(state, tmp))
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as file:  # a Python file: a full disk's error keeps its reason
+            torch.save(state, file)
+
+    write_atomically(path, write)
 
 
 def load_training_state(path: Path) -> dict:
@@ -255,27 +366,54 @@ def logged_step(record, where: str) -> int:
     return record["step"]
 
 
-@contextmanager
-def stop_on_signals() -> Iterator[types.SimpleNamespace]:
-    """Within the block, Ctrl-C or SIGTERM only sets `.name` ("SIGINT"): the loop ends its step and saves, so a
-    checkpoint is never cut in half. A second one acts at once, but not under torchrun: it passes on the signal
-    its process group already got (and kills its processes itself if they are slow to end). The previous
-    handlers come back after."""
-    stop = types.SimpleNamespace(name="")
-    second_acts = "LOCAL_RANK" not in os.environ  # torchrun sets it
+class Signals:
+    """Within the block, Ctrl-C or SIGTERM only sets `.name` ("SIGINT"): the loop ends its step and
+    saves, so a checkpoint is never cut in half. A second one acts at once (Ctrl-C raises
+    KeyboardInterrupt), but waits for the end of a save (`deferred`), and not under torchrun: it
+    passes on the signal its process group already got (and kills its processes itself if they are
+    slow to end). The previous handlers come back after."""
 
-    def handle(signum, frame) -> None:
-        stop.name = signal.Signals(signum).name
-        if second_acts:
-            signal.signal(signum, signal.SIG_DFL if signum != signal.SIGINT else signal.default_int_handler)
+    def __init__(self):
+        self.name, self.pending, self.deferring = "", None, False
+        self.second_acts = "LOCAL_RANK" not in os.environ  # torchrun sets it
+        self.previous = {}
 
-    main_thread = threading.current_thread() is threading.main_thread()  # signals reach the main thread only
-    previous = {signum: signal.signal(signum, handle) for signum in (signal.SIGINT, signal.SIGTERM) if main_thread}
-    try:
-        yield stop
-    finally:
-        for signum, handler in previous.items():
+    def __enter__(self) -> Signals:
+        if threading.current_thread() is threading.main_thread():  # signals reach it only
+            self.previous = {signum: signal.signal(signum, self.handle)
+                             for signum in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *exception) -> None:
+        for signum, handler in self.previous.items():
             signal.signal(signum, handler)
+
+    def handle(self, signum, frame) -> None:
+        first = not self.name
+        self.name = self.name or signal.Signals(signum).name
+        if not first and self.second_acts:
+            self.pending = signum
+            if not self.deferring:
+                self.act()
+
+    def act(self) -> None:
+        """The second signal's effect: Ctrl-C's KeyboardInterrupt, or SIGTERM's end."""
+        signum, self.pending = self.pending, None
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    @contextmanager
+    def deferred(self) -> Iterator[None]:
+        """A second signal within the block acts only after it: what it writes is written whole."""
+        self.deferring = True
+        try:
+            yield
+        finally:
+            self.deferring = False
+        if self.pending is not None:
+            self.act()
 
 
 @contextmanager

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 import generate
 import make_data
 import train
-from dflash import training
+from dflash import data, evaluation, training
 from dflash.cli import UsageError
 from dflash.drafter import Drafter, DrafterConfig
 from dflash.prompts import Prompt, encode_for_generation, encode_prompt, read_prompts
@@ -212,8 +212,9 @@ def test_loss_ignores_unscored_slots_and_reports_per_slot_counts():
     loss_mask = torch.tensor([[0] * 8 + [1] * 8])
     anchors, real = torch.tensor([[8, 13]]), torch.tensor([[True, True]])
     weights = train.slot_weights(4, 2.0)
-    loss, correct, counted = train.drafter_loss(target, drafter, ids, loss_mask, anchors, real, config=config,
-                                                 weights=weights)
+    features = train.target_features(target, ids, config)
+    loss, correct, counted = train.drafter_loss(target, drafter, features, train.MicroBatch(ids, loss_mask, anchors, real),
+                                                 config=config, weights=weights)
     assert counted.tolist() == [0, 2, 2, 1]  # slot 0 never; 13+3 = 16 is past the end
     loss.backward()
     assert all(p.grad is not None for p in drafter.parameters())
@@ -235,7 +236,7 @@ def prompts_file(path: Path, *records) -> Path:
 
 def prompt_ids(path: Path, tokenizer, chat, thinking, token_healing=False) -> list[list[int]]:
     """What make_data.py feeds the target for each prompt of the file (its ids only)."""
-    return [ids for ids, _ in make_data.encode_prompts(path, tokenizer, chat, thinking, token_healing, 10**6)]
+    return [ids for ids, _ in data.encode_prompts(path, tokenizer, chat, thinking, token_healing, 10**6)]
 
 
 @pytest.mark.parametrize("thinking", [False, True])
@@ -502,7 +503,7 @@ def test_final_checkpoint_is_saved_before_the_final_evaluation(tmp_path, monkeyp
     def failing_evaluation(*args, **kwargs):
         raise RuntimeError("the evaluation failed")
 
-    monkeypatch.setattr(train, "evaluate_tau", failing_evaluation)
+    monkeypatch.setattr(train, "evaluate", failing_evaluation)
     with pytest.raises(RuntimeError, match="the evaluation failed"):
         train.main(train_argv(data, tmp_path / "run", "--eval-prompts", str(heldout)))
     state = torch.load(tmp_path / "run" / "training_state.pt", weights_only=True)
@@ -517,10 +518,10 @@ def test_anchor_is_never_the_last_prompt_token(tmp_path):
     assert train.valid_anchor_positions(loss_mask).tolist() == [3, 4]
     draws = [train.sample_anchors(loss_mask, 3, torch.Generator().manual_seed(seed)) for seed in range(20)]
     assert set(torch.cat(draws).tolist()) == {3, 4}
-    data = tmp_path / "data.jsonl"  # no two answer tokens in a row: nothing an inference block would draft
-    data.write_text(json.dumps({"input_ids": [5, 6, 7, 8], "loss_mask": [0, 0, 1, 0]}) + "\n")
+    data_file = tmp_path / "data.jsonl"  # no two answer tokens in a row: nothing an inference block would draft
+    data_file.write_text(json.dumps({"input_ids": [5, 6, 7, 8], "loss_mask": [0, 0, 1, 0]}) + "\n")
     with pytest.raises(UsageError, match="no valid block"):
-        make_data.load_sequences(data, max_seq_len=16, vocab_size=512)
+        data.load_sequences(data_file, max_seq_len=16, vocab_size=512)
 
 
 # ------------------------------------------------------------------ the CLI's errors
@@ -634,12 +635,12 @@ def test_the_tau_evaluation_keeps_ropes_frequencies_in_float32(monkeypatch):
     train.init_drafter(drafter, 0)
     seen = []
 
-    def record_drafter(target, drafter, prompt, max_new_tokens, **options):
+    def record_drafter(target, drafter, continuation):
         seen.append(drafter)
-        return generate.Generation([1], [1], 0.0)
+        return [1]
 
-    monkeypatch.setattr(train, "generate_dflash", record_drafter)
-    train.evaluate_tau(target, drafter, [([1, 2, 3], None)], 4, [])
+    monkeypatch.setattr(evaluation, "acceptance_lengths", record_drafter)
+    evaluation.evaluate(target, config, drafter.state_dict(), [evaluation.Continuation([1, 2, 3, 4], 3, 1)])
     rotary = seen[0].rotary
     assert seen[0].fc.weight.dtype == torch.bfloat16
     assert rotary.inv_freq.dtype == torch.float32 and torch.equal(rotary.inv_freq, rotary.inverse_frequencies())

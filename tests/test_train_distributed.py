@@ -20,7 +20,7 @@ from safetensors.torch import load_file
 import train
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
-from dflash.training import stop_on_signals
+from dflash.training import Signals
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ROOT / "tests" / "fixtures" / "qwen3-tiny"
@@ -145,13 +145,45 @@ def test_under_torchrun_the_passed_on_signal_does_not_cut_the_step(monkeypatch):
     """A terminal's Ctrl-C or a scheduler's SIGTERM reaches torchrun's whole process group, and torchrun passes
     it on again: a worker gets it twice, and must still end its step and save (torchrun kills it if too slow)."""
     monkeypatch.setenv("LOCAL_RANK", "0")
-    with stop_on_signals() as stop:
+    with Signals() as stop:
         for _ in range(2):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.01)
     assert stop.name == "SIGINT"
     monkeypatch.delenv("LOCAL_RANK")
-    with pytest.raises(KeyboardInterrupt), stop_on_signals():  # alone, a second Ctrl-C acts at once
+    with pytest.raises(KeyboardInterrupt), Signals():  # alone, a second Ctrl-C acts at once
         for _ in range(2):
             os.kill(os.getpid(), signal.SIGINT)
             time.sleep(0.01)
+
+
+@pytest.mark.parametrize("way", ["2 x 2 DDP", "2 x 2 FSDP2"])
+def test_the_evaluation_under_torchrun_pools_every_process_prompts(data, tmp_path, way):
+    """--eval-prompts under DDP and FSDP2 (whose drafter is gathered from its shards): each process
+    replays its share of the held-out prompts, and the pooled figures are those of one process
+    replaying them all."""
+    prompts = tmp_path / "heldout.jsonl"
+    generator = torch.Generator().manual_seed(1)
+    prompts.write_text("".join(json.dumps({"prompt_ids": torch.randint(0, 512, (6 + i,), generator=generator)
+                                           .tolist()}) + "\n" for i in range(5)))  # 3 and 2 a process
+    extra = ("--steps", "4", "--eval-prompts", str(prompts), "--eval-max-new-tokens", "12")
+    run_to_the_end("1 x 4", data, tmp_path / "alone", *extra)
+    run_to_the_end(way, data, tmp_path / "shared", *extra)
+    alone, shared = log(tmp_path / "alone")[-1], log(tmp_path / "shared")[-1]
+    assert alone["eval_tau"] is not None and len(alone["eval_slot_acceptance"]) == 3
+    assert (shared["eval_tau"], shared["eval_slot_acceptance"]) == (alone["eval_tau"],
+                                                                   alone["eval_slot_acceptance"])
+
+
+def test_a_two_process_run_resumes_on_one_process(runs, data, tmp_path):
+    """Stopped on 2 processes (DDP), resumed on 1 with the same global batch (4 sequences a step),
+    it ends where the uninterrupted one-process run ends, up to the order of float sums; a resume
+    that would change the global batch is refused."""
+    run_to_the_end("2 x 2 DDP", data, tmp_path, "--stop-at", str(STEPS // 2))
+    assert torch.load(tmp_path / "training_state.pt", weights_only=True)["step"] == STEPS // 2
+    assert train.main(train_argv(data, tmp_path, 2, "--resume")) == 2  # 2 sequences a step: refused
+    run_to_the_end("1 x 4", data, tmp_path, "--resume")
+    alone, resumed = load_file(runs["1 x 4"] / "model.safetensors"), load_file(tmp_path / "model.safetensors")
+    for name in alone:
+        torch.testing.assert_close(resumed[name], alone[name], rtol=1e-5, atol=1e-6)
+    assert [r["step"] for r in log(tmp_path)] == list(range(1, STEPS + 1))

@@ -18,6 +18,7 @@ import generate
 import make_data
 import train
 from dflash.drafter import Drafter
+from dflash.evaluation import evaluate, greedy_continuations
 from dflash.qwen3 import Qwen3
 
 TINY = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "qwen3-tiny"
@@ -32,7 +33,9 @@ def random_prompts(path: Path, count: int, seed: int) -> list[list[int]]:
 
 
 def mean_tau(target: Qwen3, drafter: Drafter, prompts: list[list[int]]) -> float:
-    return train.evaluate_tau(target, drafter, [(ids, None) for ids in prompts], NEW_TOKENS, stop_ids=())
+    continuations = greedy_continuations(target, [(ids, None) for ids in prompts], NEW_TOKENS, (),
+                                         drafter.config.block_size)
+    return evaluate(target, drafter.config, drafter.state_dict(), continuations)["eval_tau"]
 
 
 def test_slow_training_teaches_the_drafter_to_draft(tmp_path):

@@ -147,7 +147,8 @@ def test_drafter_loss_fast_path_equals_dense_path():
     for chunk, dense in [(0, True), (7, False)]:
         drafter.zero_grad()
         drafter.recompute_layers = not dense  # the fast path also recomputes each layer in the backward
-        loss, correct, counted = train.drafter_loss(target, drafter, ids, loss_mask, anchors, real, config=config,
+        batch, features = train.MicroBatch(ids, loss_mask, anchors, real), train.target_features(target, ids, config)
+        loss, correct, counted = train.drafter_loss(target, drafter, features, batch, config=config,
                                                     weights=weights, loss_chunk_size=chunk, dense_attention=dense)
         loss.backward()
         results.append((loss.detach(), correct, counted, [p.grad.clone() for p in drafter.parameters()]))
@@ -167,10 +168,11 @@ def test_drafter_loss_through_compiled_flex_attention_equals_dense(monkeypatch):
     target, drafter, config, ids, anchors, real = training_batch(block_size=10, loss_mask=loss_mask, anchors=30, seed=5)
     weights = train.slot_weights(10, 5.0)
     with torch.no_grad():
-        dense_loss, *_ = train.drafter_loss(target, drafter, ids, loss_mask, anchors, real, config=config,
+        batch, features = train.MicroBatch(ids, loss_mask, anchors, real), train.target_features(target, ids, config)
+        dense_loss, *_ = train.drafter_loss(target, drafter, features, batch, config=config,
                                             weights=weights, dense_attention=True)
         monkeypatch.setattr(AnchoredBlocks, "attend", AnchoredBlocks.attend_flex)  # what `attend` picks on CUDA
-        loss, *_ = train.drafter_loss(target, drafter, ids, loss_mask, anchors, real, config=config, weights=weights)
+        loss, *_ = train.drafter_loss(target, drafter, features, batch, config=config, weights=weights)
     torch.testing.assert_close(loss, dense_loss, atol=1e-6, rtol=1e-6)
 
 

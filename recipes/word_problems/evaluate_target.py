@@ -23,7 +23,7 @@ from dflash.measure import distinct_ngram_ratio, final_number
 from dflash.cli import OneLineErrors, UsageError, run_cli
 from dflash.qwen3 import Qwen3
 from dflash.tokenizer import load_tokenizer
-from make_data import generate_batch
+from dflash.data import generate_batch
 
 
 def read_problems(path: Path) -> list[dict]:

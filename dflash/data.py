@@ -1,0 +1,252 @@
+"""A drafter's training data: the target's own answers to prompts, made by `make_data.py` and read
+back by `train.py` (which also has the target answer its held-out prompts, to measure tau). Both
+scripts stand on this module, never on each other.
+
+A record is one JSONL line: `input_ids` (the prompt, then the answer) and `loss_mask` (1 on the
+answer's tokens, 0 on the prompt's), each checked strictly: a `true` is not a token and a `"1"` or
+a NaN is not a mask value."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Iterator, NamedTuple, Sequence
+
+import numpy as np
+import torch
+
+from dflash.checkpoint import parse_json, read_text
+from dflash.cli import UsageError, check_token_ids
+from dflash.prompts import encode_for_generation, read_prompts
+from dflash.qwen3 import Qwen3
+from dflash.sampling import Sampling, keep_only, sample
+
+
+def encode_prompts(path: Path, tokenizer, chat: bool | None, thinking: bool, token_healing: bool,
+                   vocab_size: int) -> list[tuple[list[int], list[int] | None]]:
+    """(token ids, the first new token's choices or None) per prompt, as `generate.py` renders
+    it."""
+    prompts = []
+    for prompt in read_prompts(path):
+        ids, choices = encode_for_generation(prompt, tokenizer, chat, thinking, token_healing)
+        check_token_ids([*ids, *(choices or [])], vocab_size, prompt.where)
+        prompts.append((ids, choices))
+    return prompts
+
+
+@torch.no_grad()
+def generate_batch(target: Qwen3, prompts: list[list[int]], max_new_tokens: int,
+                   sampling: Sampling | float, stop_ids: Sequence[int],
+                   generator: torch.Generator | None, *,
+                   first_token_choices: Sequence[list[int] | None] | None = None) -> list[list]:
+    """Each prompt's answer, cut after its stop token, left-padded into one cache: `key_padding`
+    hides the padding and RoPE sees only differences, so a row computes what it would alone.
+    `first_token_choices[row]` heals that row."""
+    device = target.embed_tokens.weight.device
+    batch, longest = len(prompts), max(len(p) for p in prompts)
+    total = longest + max_new_tokens
+    padded = [[0] * (longest - len(p)) + p for p in prompts]
+    ids = torch.tensor(padded, device=device)  # (batch, longest), 0 = padding
+    starts = torch.tensor([longest - len(p) for p in prompts], device=device)  # (batch,)
+    key_padding = torch.arange(total, device=device) >= starts[:, None]  # (batch, total): real
+    cache = target.new_cache(total, batch)
+    hidden, _ = target(ids, cache=cache, key_padding=key_padding)  # (batch, longest, hidden)
+    logits = target.logits(hidden[:, -1])  # (batch, vocab)
+    cache.extend(longest)  # the prompts are committed
+    if first_token_choices is not None:  # token healing, the first step only
+        logits = torch.stack([row if allowed is None else keep_only(row, allowed)
+                              for row, allowed in zip(logits, first_token_choices)])  # (batch, V)
+    answers: list[list[int]] = [[] for _ in prompts]
+    finished = [False] * batch
+    for position in range(longest, total):
+        tokens = sample(logits, sampling, generator)  # (batch,)
+        for row, token in enumerate(tokens.tolist()):
+            if not finished[row]:
+                answers[row].append(token)
+                finished[row] = token in stop_ids
+        if all(finished) or position == total - 1:
+            break
+        hidden, _ = target(tokens[:, None], positions=torch.tensor([position], device=device),
+                           cache=cache, key_padding=key_padding)  # (batch, 1, hidden)
+        logits = target.logits(hidden[:, -1])  # (batch, vocab)
+        cache.extend(1)
+    return answers
+
+
+# ------------------------------------------------------------------ the data as flat arrays
+
+
+PACKED = {"tokens": np.uint32, "loss_mask": np.uint8, "offsets": np.int64, "first_anchor": np.int64}
+MANIFEST, PACKED_FORMAT = "manifest.json", "dflash-packed-1"
+
+
+class Sequences(NamedTuple):
+    """The training sequences as flat arrays (memory-mapped from a packed folder, or built from
+    JSONL): sequence i is `tokens[starts[i]:starts[i] + lengths[i]]`, already cut to the limit."""
+    tokens: np.ndarray  # (T,) uint32: every sequence's input_ids, one after another
+    loss_mask: np.ndarray  # (T,) uint8: 1 on the answers' tokens
+    starts: np.ndarray  # (n,) int64
+    lengths: np.ndarray  # (n,) int64
+    sha256: str  # the data's content hash: what a resume compares
+    cut: int  # sequences longer than the limit, cut to it
+    tokens_dropped: int  # what the cuts removed
+
+
+def first_anchor(mask: Sequence[int]) -> int:
+    """The first position a with x_a and x_{a+1} in the answer (where a block can start), or -1."""
+    answer = np.asarray(mask, dtype=bool)
+    pairs = np.flatnonzero(answer[:-1] & answer[1:])
+    return int(pairs[0]) if len(pairs) else -1
+
+
+def load_sequences(path: Path, max_seq_len: int, vocab_size: int,
+                   target_config: Path | None = None) -> Sequences:
+    """The data for training, cut to max_seq_len (the answer's end goes first); a sequence where
+    no block can start (`train.valid_anchor_positions`) is dropped. A packed folder (`pack`) is
+    memory-mapped, read only where a batch reads; a JSONL file is read whole into flat arrays. A
+    packed folder made for another target (`target_config`, its config.json) is refused."""
+    packed = open_packed(path, vocab_size, target_config) if Path(path).is_dir() \
+        else read_jsonl(path, vocab_size)
+    arrays, sha256 = packed
+    offsets = arrays["offsets"]
+    lengths = np.diff(offsets)  # (n,)
+    kept = (arrays["first_anchor"] >= 0) & (arrays["first_anchor"] + 1 < max_seq_len)
+    if not kept.any():
+        raise UsageError(f"{path}: the dataset yields no valid block (no two answer tokens in a "
+                         f"row within --max-seq-len {max_seq_len})")
+    too_long = lengths > max_seq_len
+    return Sequences(arrays["tokens"], arrays["loss_mask"], offsets[:-1][kept],
+                     np.minimum(lengths, max_seq_len)[kept], sha256, int(too_long.sum()),
+                     int((lengths[too_long] - max_seq_len).sum()))
+
+
+def read_jsonl(path: Path, vocab_size: int) -> tuple[dict, str]:
+    """A JSONL data file's records, checked, as the flat arrays of a packed folder, and their hash
+    (the same as the packed folder's: a run may resume on either)."""
+    ids, masks, lengths, anchors, digest = [], [], [0], [], hashlib.sha256()
+    for record_ids, mask in checked_records(path, vocab_size):
+        ids.append(record_ids)
+        masks.append(mask)
+        digest.update(record_ids.tobytes() + mask.tobytes())
+        lengths.append(len(record_ids))
+        anchors.append(first_anchor(mask))
+    arrays = {"tokens": np.concatenate(ids) if ids else np.zeros(0, np.uint32),
+              "loss_mask": np.concatenate(masks) if masks else np.zeros(0, np.uint8),
+              "offsets": np.cumsum(lengths, dtype=np.int64),
+              "first_anchor": np.asarray(anchors, dtype=np.int64)}
+    return arrays, digest.hexdigest()
+
+
+def checked_records(path: Path, vocab_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Each record of a JSONL data file, checked (`checked_record`), as (uint32 ids, uint8 mask):
+    one line in memory at a time. Every way reading fails is one error naming the file."""
+    try:
+        with open(path, encoding="utf-8") as lines:
+            for number, line in enumerate(lines, start=1):
+                if line.strip():
+                    where = f"{path}:{number}"
+                    record = parse_json(line, where, UsageError)
+                    ids, mask = checked_record(record, where, vocab_size)
+                    yield np.asarray(ids, dtype=np.uint32), np.asarray(mask, dtype=np.uint8)
+    except FileNotFoundError:
+        raise UsageError(f"{path}: data file not found") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise UsageError(f"{path}: cannot read the data file ({err})") from None
+
+
+def pack(jsonl: Path, folder: Path, vocab_size: int, identity: dict) -> int:
+    """Write make_data.py's JSONL as a packed folder: a flat token file, the loss masks, where each
+    sequence starts and where its first block can, and `manifest.json` (the format, the sizes, the
+    content hash and `identity`: which target made it). One record in memory at a time; the folder
+    appears whole, under its name, only when it is complete. Returns the sequences written."""
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    digest, offsets, anchors, largest = hashlib.sha256(), [0], [], -1
+    tokens_path, masks_path = partial / "tokens.bin", partial / "loss_mask.bin"
+    try:
+        with open(tokens_path, "wb") as tokens, open(masks_path, "wb") as masks:
+            for ids, mask in checked_records(jsonl, vocab_size):
+                tokens.write(ids.tobytes())
+                masks.write(mask.tobytes())
+                digest.update(ids.tobytes() + mask.tobytes())
+                offsets.append(offsets[-1] + len(ids))
+                anchors.append(first_anchor(mask))
+                largest = max(largest, int(ids.max(initial=0)))
+    except BaseException:  # a bad record, a full disk, Ctrl-C: no half folder is left
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    np.asarray(offsets, dtype=np.int64).tofile(partial / "offsets.bin")
+    np.asarray(anchors, dtype=np.int64).tofile(partial / "first_anchor.bin")
+    manifest = {"format": PACKED_FORMAT, "sequences": len(anchors), "tokens": offsets[-1],
+                "largest_token_id": largest, "sha256": digest.hexdigest(), **identity}
+    (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    shutil.rmtree(folder, ignore_errors=True)
+    partial.rename(folder)
+    return len(anchors)
+
+
+def open_packed(folder: Path, vocab_size: int, target_config: Path | None) -> tuple[dict, str]:
+    """A packed folder's arrays, memory-mapped (nothing is read until a batch slices them), and its
+    content hash, after checking its manifest against the files and the target."""
+    manifest = parse_json(read_text(folder / MANIFEST, UsageError, "packed data's manifest"),
+                          folder / MANIFEST, UsageError)
+    if not isinstance(manifest, dict) or manifest.get("format") != PACKED_FORMAT:
+        raise UsageError(f"{folder}: not a packed data folder of make_data.py ({MANIFEST} "
+                         f"has no format {PACKED_FORMAT!r})")
+    if not isinstance(manifest.get("largest_token_id"), int) or \
+            manifest["largest_token_id"] >= vocab_size:
+        raise UsageError(f"{folder}: holds token id {manifest.get('largest_token_id')}, outside "
+                         f"the target's vocabulary (0..{vocab_size - 1})")
+    made_for = manifest.get("target_config_sha256")
+    if None not in (target_config, made_for) and made_for != content_hash(target_config):
+        raise UsageError(f"{folder}: made by another target (its config.json differs from "
+                         f"{target_config}): a drafter learns the answers of the target it serves")
+    sizes = {"tokens": manifest.get("tokens"), "loss_mask": manifest.get("tokens"),
+             "first_anchor": manifest.get("sequences")}
+    sizes["offsets"] = None if sizes["first_anchor"] is None else sizes["first_anchor"] + 1
+    arrays = {}
+    for name, dtype in PACKED.items():
+        path = folder / f"{name}.bin"
+        expected = sizes[name] * np.dtype(dtype).itemsize if isinstance(sizes[name], int) else -1
+        if not path.is_file() or path.stat().st_size != expected:
+            raise UsageError(f"{path}: missing, or not the {sizes[name]} entries {MANIFEST} says "
+                             f"(a copy cut short?)")
+        arrays[name] = np.memmap(path, dtype=dtype, mode="r") if expected \
+            else np.zeros(0, dtype=dtype)
+    return arrays, manifest["sha256"]
+
+
+def cut_note(sequences: Sequences, limit: int, max_seq_len: int) -> str:
+    """The line that says what a cut left out, and why: --max-seq-len, or the target's positions
+    (a drafter trained past them would learn positions the target never had)."""
+    why = "--max-seq-len" if limit == max_seq_len else \
+        f"the target's max_position_embeddings, below --max-seq-len {max_seq_len}"
+    return (f"note: {sequences.cut} sequence(s) longer than {limit} tokens ({why}) were cut at the "
+            f"end: {sequences.tokens_dropped} tokens left out")
+
+
+def checked_record(record, where: str, vocab_size: int) -> tuple[list[int], list[int]]:
+    """A record's (input_ids, loss_mask), refused in one line unless they are lists of equal length,
+    of token ids (integers, not booleans) in the vocabulary and of 0s and 1s."""
+    ids, mask = (record.get("input_ids"), record.get("loss_mask")) if isinstance(record, dict) \
+        else (None, None)
+    if not isinstance(ids, list) or not isinstance(mask, list) or len(ids) != len(mask):
+        raise UsageError(f"{where}: needs input_ids and loss_mask lists of equal length")
+    if any(type(i) is not int or not 0 <= i < vocab_size for i in ids):  # True is an int too
+        raise UsageError(f"{where}: input_ids must be integers in 0..{vocab_size - 1}")
+    if any(type(m) is not int or m not in (0, 1) for m in mask):  # NaN, "1", true: refused
+        raise UsageError(f"{where}: loss_mask must hold only the integers 0 and 1")
+    return ids, mask
+
+
+def content_hash(path: Path) -> str:
+    """The file's SHA-256: what a resume compares, so that a data file changed under the same name
+    is noticed (its path alone says nothing)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()

@@ -1,0 +1,259 @@
+"""A training run's configuration: every option of `train.py` as a field of `TrainConfig` (build one
+directly, or from the command line through `build_parser`, which shows the same defaults), the
+drafter's shape the options imply, and the sizes checked before any memory is taken."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+
+from dflash.cli import (HelpWithDefaults, OneLineErrors, UsageError, add_device_options, checked,
+                        int_list, positive, positive_int)
+from dflash.drafter import Drafter, DrafterConfig, check_fits, default_target_layer_ids
+from dflash.prompts import PROMPT_FORMAT
+from dflash.qwen3 import Qwen3, Qwen3Config
+from dflash.training import STATE_FILE, init_weights, memory_of
+
+DEFAULT_DRAFTER_LAYERS, DEFAULT_BLOCK_SIZE = 5, 16  # a new drafter's; --init-from: the drafter's
+# What --resume may change: when to stop, what to log and evaluate, where to run, where the folder
+# and the data now are (the data's contents are compared), how the global batch is shared out
+# (its size is compared). The rest must be as saved.
+MAY_CHANGE_ON_RESUME = ("resume", "force", "minutes", "stop_at", "eval_prompts", "eval_every",
+                        "eval_max_new_tokens", "save_every", "save_every_minutes", "log_every",
+                        "device", "out", "data", "auto_resume", "batch_size", "grad_accum")
+
+
+@dataclass
+class TrainConfig:
+    """A run's whole configuration, saved with it: `TrainConfig(target=..., data=..., out=...)` is
+    a run at the defaults, which `build_parser` shows (--help says what each option does)."""
+    target: str = ""  # the frozen target's checkpoint folder
+    data: str = ""  # make_data.py's JSONL
+    out: str = ""  # the run's folder
+    tokenizer: str | None = None
+    init_from: str | None = None  # a trained drafter to fine-tune
+    # the drafter's shape; None: the --init-from drafter's, else the defaults or the target's
+    drafter_layers: int | None = None
+    block_size: int | None = None
+    target_layer_ids: list[int] | None = None
+    mask_token_id: int | None = None
+    intermediate_size: int | None = None
+    num_heads: int | None = None
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    # the recipe: the paper's and SpecForge's settings
+    num_anchors: int = 512
+    batch_size: int = 4
+    grad_accum: int = 1
+    max_seq_len: int = 3072
+    lr: float = 6e-4
+    warmup: float = 0.04
+    grad_clip: float = 1.0
+    gamma: float | None = None
+    epochs: int = 6
+    steps: int | None = None
+    seed: int = 0
+    # how a step computes, not what
+    loss_chunk_size: int = 512
+    keep_activations: bool = False
+    dense_attention: bool = False
+    fsdp: bool = False
+    # evaluation, checkpoints, the log, stopping
+    eval_prompts: str | None = None
+    eval_every: int = 0
+    eval_max_new_tokens: int = 128
+    no_token_healing: bool = False
+    save_every: int = 0
+    save_every_minutes: float = 10.0
+    log_every: int = 10
+    minutes: float | None = None
+    stop_at: int | None = None
+    resume: bool = False
+    force: bool = False
+    auto_resume: bool = False  # resume if --out holds a checkpoint, else start
+    device: str = "auto"
+    dtype: str = "auto"  # the frozen target's: the drafter trains in float32
+
+
+
+
+def starting_or_resuming(cfg: TrainConfig) -> TrainConfig:
+    """--auto-resume made concrete: --resume where --out holds a checkpoint, else --force (over
+    what a run left before its first save), so that one command starts and restarts a run."""
+    if not cfg.auto_resume:
+        return cfg
+    resumable = (Path(cfg.out) / STATE_FILE).is_file()
+    return replace(cfg, resume=resumable, force=not resumable)
+
+
+# ------------------------------------------------------------------ the drafter it implies
+
+
+def build_drafter_config(cfg: TrainConfig, target: Qwen3Config, tokenizer) -> DrafterConfig:
+    """The drafter's shape: the target's width (its features and embeddings feed it), its depth
+    our choice."""
+    if cfg.mask_token_id is not None and not 0 <= cfg.mask_token_id < target.vocab_size:
+        raise UsageError(f"--mask-token-id {cfg.mask_token_id} is outside the target's vocabulary "
+                         f"(0..{target.vocab_size - 1})")
+    mask_token_id = cfg.mask_token_id if cfg.mask_token_id is not None \
+        else getattr(tokenizer, "mask_token_id", None)
+    if mask_token_id is None:  # the first id past the tokenizer's, as released drafters; else last
+        mask_token_id = min(getattr(tokenizer, "vocab_size", target.vocab_size),
+                            target.vocab_size - 1)
+    depth = cfg.drafter_layers or DEFAULT_DRAFTER_LAYERS
+    layers = replace(target, num_hidden_layers=depth, tie_word_embeddings=False,
+                     attention_bias=False, dtype="float32",
+                     intermediate_size=cfg.intermediate_size or target.intermediate_size,
+                     num_attention_heads=cfg.num_heads or target.num_attention_heads,
+                     num_key_value_heads=cfg.num_kv_heads or target.num_key_value_heads,
+                     head_dim=cfg.head_dim or target.head_dim)  # the rest is the target's
+    if layers.num_attention_heads % layers.num_key_value_heads:
+        raise UsageError(f"--num-heads {layers.num_attention_heads} is not a multiple of "
+                         f"--num-kv-heads {layers.num_key_value_heads}")
+    layer_ids = cfg.target_layer_ids or default_target_layer_ids(target.num_hidden_layers, depth)
+    config = DrafterConfig(layers, cfg.block_size or DEFAULT_BLOCK_SIZE, target.num_hidden_layers,
+                           mask_token_id, list(layer_ids))
+    check_fits(config, target, "drafter")
+    return config
+
+
+def shape_of(config: DrafterConfig) -> dict:
+    """The options that shape a drafter, as this drafter has them."""
+    layers = config.layers
+    return {"drafter_layers": layers.num_hidden_layers, "block_size": config.block_size,
+            "target_layer_ids": config.target_layer_ids, "mask_token_id": config.mask_token_id,
+            "intermediate_size": layers.intermediate_size, "num_heads": layers.num_attention_heads,
+            "num_kv_heads": layers.num_key_value_heads, "head_dim": layers.head_dim}
+
+
+def starting_drafter(cfg: TrainConfig, target: Qwen3, tokenizer) -> Drafter:
+    """A new drafter drawn at random, or, with --init-from, a trained one to fine-tune (in float32,
+    trainable): its shape is then the run's, so one made for another target, or an option that
+    would reshape it, is refused."""
+    if not cfg.init_from:
+        return init_weights(Drafter(build_drafter_config(cfg, target.config, tokenizer)), cfg.seed)
+    drafter = Drafter.from_pretrained(cfg.init_from, target, trainable=True)  # fits the target
+    for option, theirs in shape_of(drafter.config).items():
+        ours = getattr(cfg, option)
+        if ours is not None and ours != theirs:
+            raise UsageError(f"--{option.replace('_', '-')} {ours} does not fit the --init-from "
+                             f"drafter's {option} {theirs} (leave the option out: the drafter's "
+                             f"shape is the run's)")
+    return drafter
+
+
+def check_sizes(cfg: TrainConfig, config: DrafterConfig, target: Qwen3Config, sequences,
+                device: torch.device) -> None:
+    """Refuse, before any batch is built, a block the target has no positions for, or a step that
+    cannot fit this machine: its block activations (one float32 hidden state per block slot and
+    drafter layer, kept for the backward), the target's features, and on the CPU the attention
+    mask over the blocks, for `sequences` (dflash.data.Sequences) as long as the longest."""
+    longest = int(sequences.lengths.max())
+    named = "--block-size" if not cfg.init_from else "the --init-from drafter's block_size"
+    if config.block_size > target.max_position_embeddings:
+        raise UsageError(f"{named} {config.block_size} does not fit the target's "
+                         f"{target.max_position_embeddings} positions (max_position_embeddings)")
+    slots = min(cfg.num_anchors, longest) * config.block_size  # block slots per sequence
+    per_sequence = slots * config.layers.hidden_size * 4 * (config.layers.num_hidden_layers + 1)
+    per_sequence += longest * len(config.target_layer_ids) * target.hidden_size * 4
+    if device.type != "cuda":  # AnchoredBlocks' CPU path holds its mask: one byte per score
+        per_sequence += slots * (longest + slots)
+    needed, available = cfg.batch_size * per_sequence, memory_of(device)
+    if needed > available:
+        raise UsageError(f"{named} {config.block_size} with --num-anchors {cfg.num_anchors}, "
+                         f"--batch-size {cfg.batch_size} and sequences of {longest} tokens: one "
+                         f"step would need about {needed / 2**30:.0f} GiB, more than the "
+                         f"{available / 2**30:.0f} GiB of this machine's {device.type} memory")
+
+
+# ------------------------------------------------------------------ the command line
+
+
+zero_or_more = checked(int, "0 or more", lambda x: x >= 0)
+seed_value = checked(int, "in 0..2**32 - 1", lambda x: 0 <= x < 2**32)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Every option of a run, named as `TrainConfig`'s fields, with its defaults."""
+    parser = OneLineErrors(description="Train a DFlash drafter for a frozen Qwen3 target.", epilog=(
+        f"--eval-prompts: {PROMPT_FORMAT}\n\nCtrl-C or SIGTERM saves and exits (130 / 143). "
+        "Examples, torchrun, memory, the log: docs/training.md."), formatter_class=HelpWithDefaults)
+    add = parser.add_argument
+    add("--target", required=True, help="the frozen target's checkpoint folder")
+    add("--data", required=True, help="JSONL written by make_data.py (input_ids and loss_mask "
+        "per line), or the folder its --pack wrote (memory-mapped: never read whole)")
+    add("--out", required=True, help="folder for the drafter, training_state.pt and "
+        "train_log.jsonl; one run at a time (train.lock holds its process id)")
+    add("--tokenizer", help="tokenizer folder (default: the target's, if it has one)")
+    add("--init-from", help="fine-tune this trained drafter (ours or the authors' layout) "
+        "instead of drawing a new one: its shape (layers, block size, target layers, mask token) "
+        "is the run's")
+    add("--drafter-layers", type=positive_int,
+        help=f"decoder layers of the drafter (default: {DEFAULT_DRAFTER_LAYERS})")
+    add("--block-size", type=checked(int, "at least 2", lambda x: x >= 2),
+        help=f"B, tokens per block: slot 0 is the known token, slots 1..B-1 guessed (default: "
+             f"{DEFAULT_BLOCK_SIZE}; at most the target's positions)")
+    add("--target-layer-ids", type=int_list, help="target layers whose outputs feed the drafter, "
+        "e.g. 1,9,17,25,33 (default: spread over the target)")
+    add("--mask-token-id", type=int, help="the unknown slots' token (default: <|mask|>, else "
+                                          "len(tokenizer))")
+    add("--intermediate-size", type=positive_int, help="drafter MLP width (default: the target's)")
+    add("--num-heads", type=positive_int, help="drafter query heads (default: the target's)")
+    add("--num-kv-heads", type=positive_int, help="drafter key/value heads (default: the target's)")
+    add("--head-dim", type=positive_int, help="drafter head width (default: the target's)")
+    add("--num-anchors", type=positive_int,
+        help="blocks per sequence per step, at most one per anchor")
+    add("--batch-size", type=positive_int, help="sequences per forward pass and per process")
+    add("--grad-accum", type=positive_int, help="forward passes per optimizer step: a step trains "
+        "on batch-size x processes x grad-accum sequences")
+    add("--max-seq-len", type=positive_int, help="longer sequences are cut, and so are those "
+        "longer than the target's positions (said when it happens)")
+    add("--lr", type=positive, help="peak learning rate (AdamW)")
+    add("--warmup", type=checked(float, "in [0, 1]", lambda x: 0 <= x <= 1),
+        help="fraction of the steps warming up, then cosine down to 0")
+    add("--grad-clip", type=positive, help="gradient norm clip")
+    add("--gamma", type=positive,
+        help="loss decay over the slots (default: 7 for B=16, 5 for B=10, 4 for B=8)")
+    add("--epochs", type=positive_int, help="passes over the data")
+    add("--steps", type=positive_int, help="train this many steps (overrides --epochs)")
+    add("--seed", type=seed_value, help="seeds the drafter's initialisation, the data order and "
+                                        "the anchors")
+    add("--loss-chunk-size", type=zero_or_more,
+        help="slots per chunk of the LM-head loss (0: all at once)")
+    add("--keep-activations", action="store_true", help="keep each drafter layer's activations for "
+        "the backward pass, not recompute them (faster, much more memory)")
+    add("--dense-attention", action="store_true",
+        help="attend under a dense mask, not skipping masked blocks")
+    add("--eval-prompts", help="held-out prompt file: tau and per-slot acceptance as greedy DFlash "
+                               "serves them (on the target's greedy answers, made at the start)")
+    add("--eval-every", type=zero_or_more, help="steps between evaluations (0: only at the end)")
+    add("--eval-max-new-tokens", type=positive_int, help="tokens decoded per held-out prompt")
+    add("--no-token-healing", action="store_true",
+        help="evaluate raw-text prompts unhealed (as the data was made)")
+    add("--save-every", type=zero_or_more,
+        help="steps between checkpoints (0: at the end and by the clock)")
+    add("--save-every-minutes", type=checked(float, "0 or more", lambda x: x >= 0),
+        help="also checkpoint when this many minutes have passed since the last one (0: off)")
+    add("--log-every", type=positive_int, help="steps between log lines")
+    add("--minutes", type=positive, help="stop (and save) after this much wall-clock time")
+    add("--stop-at", type=positive_int, help="stop (and save) after this step, e.g. to split a run "
+                                             "across jobs")
+    either = parser.add_mutually_exclusive_group()
+    either.add_argument("--resume", action="store_true", help="continue the run in --out exactly "
+                        "(the folder may have moved; the data's contents must be the same)")
+    either.add_argument("--auto-resume", action="store_true", help="resume if --out holds a "
+                        "checkpoint, else start (over what a run left before its first save): "
+                        "one command for the first start and every restart")
+    either.add_argument("--force", action="store_true",
+                        help="start over even though --out is not empty")
+    add("--fsdp", action="store_true",
+        help="under torchrun: shard the drafter (FSDP2) instead of replicating it")
+    add_device_options(parser)  # --dtype is the frozen target's: the drafter trains in float32
+    defaults = asdict(TrainConfig())
+    parser.set_defaults(**{name: value for name, value in defaults.items()
+                           if name not in ("target", "data", "out")})  # required: no default
+    return parser
+
