@@ -1,30 +1,32 @@
-"""Does DFlash pay on a CPU? Real Qwen3 shapes, random weights, the real loops at the authors' acceptance.
+"""Does DFlash pay on a CPU? Real Qwen3 shapes, random weights, the real loops at the published tau.
 
     python benchmarks/cpu_study.py --shapes Qwen3-0.6B --dtype bfloat16,float32 --threads 1 \\
         --json docs/results/cpu_study_0.6b.json
-    python benchmarks/cpu_study.py --shapes Qwen3-4B --dtype bfloat16 --new-tokens 32 --tokens 2,4,8,12,16
-    python benchmarks/cpu_study.py --shapes tiny --rounds 1     # seconds: checks that the script runs
+    python benchmarks/cpu_study.py --shapes Qwen3-4B --new-tokens 32 --tokens 2,4,8,12,16
+    python benchmarks/cpu_study.py --shapes tiny --rounds 1     # seconds: checks that it runs
 
-Each shape is a target with random weights in the official layout (nothing is downloaded) and a drafter of the
-authors' kind (5 layers of the target's width, block 16), built straight in the dtype asked for. For each shape,
-dtype and thread count:
+Each shape is a target with random weights in the official layout (nothing is downloaded) and a
+drafter of the authors' kind (5 layers of the target's width, block 16), built straight in the
+dtype asked for. For each shape, dtype and thread count:
 
-1. The passes' costs, timed through the runner the loops use (pass_costs.py's calls) after a --context-token
-   prompt: decode; verify and draft of n tokens for n in --tokens. The cost model is fitted to them by least
-   squares: verify(n) = overhead + n * per_token, and the same for draft(n).
-2. The real loops end to end, generate_autoregressive against generate_dflash in one process. The draft pass
-   runs as always (its cost, its cache), but its guesses are replaced by the target's own greedy tokens with one
-   miss per step, placed so that acceptance follows a stated model: each draft slot, once reached, is kept with
-   the same probability p (a geometric law cut at the block), p solved so that the mean tokens per step equals
-   --tau (default: the authors' published tau for Qwen3-8B on GSM8K). One parameter fixed by tau alone, the
-   i.i.d. acceptance of the speculative-decoding analyses; a real drafter's acceptance falls along the block,
-   which this model spreads evenly. The steps' draws come from a low-discrepancy sequence, so that a run of a
-   few steps already has a mean near the model's.
-3. The prediction beside the measurement: (tokens per step) * decode / (draft(B) + verify(B)), with the tokens
-   per step the loop measured; and a sweep over blocks: every block n's predicted speedup from its passes'
-   costs and the same p, and the best block.
+1. The passes' costs, timed through the runner the loops use (pass_costs.py's calls) after a
+   --context-token prompt: decode; verify and draft of n tokens for n in --tokens. The cost model
+   is fitted to them by least squares: verify(n) = overhead + n * per_token; draft(n) likewise.
+2. The real loops end to end, generate_autoregressive against generate_dflash in one process.
+   The draft pass runs as always (its cost, its cache), but its guesses are replaced by the
+   target's own greedy tokens with one miss per step, placed so that acceptance follows a stated
+   model: each draft slot, once reached, is kept with the same probability p (a geometric law
+   cut at the block), p solved so that the mean tokens per step equals --tau (default: the
+   authors' published tau for Qwen3-8B on GSM8K). One parameter, fixed by tau alone: the i.i.d.
+   acceptance of the speculative-decoding analyses (a real drafter's acceptance falls along the
+   block; this model spreads it evenly). The steps' draws come from a low-discrepancy sequence,
+   so that a run of a few steps already has a mean near the model's.
+3. The prediction beside the measurement: tokens per step (as the loop measured it) * decode /
+   (draft(B) + verify(B)); and a sweep over blocks: each block n's predicted speedup from its
+   passes' costs and the same p, and the best block.
 
-Speedups compare the time after the first token (both loops pay the same prefill); tokens/s are the same basis.
+Speedups compare the time after the first token (both loops pay the same prefill); tokens/s are
+on the same basis.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -51,7 +53,8 @@ from tqdm import tqdm  # noqa: E402
 import bench_train  # noqa: E402
 import generate  # noqa: E402
 from bench_common import least_time  # noqa: E402
-from dflash.cli import OneLineErrors, UsageError, check_output, checked, positive_int, run_cli  # noqa: E402
+from dflash.cli import OneLineErrors, UsageError, check_output, checked  # noqa: E402
+from dflash.cli import positive_int, run_cli  # noqa: E402
 from dflash.drafter import Drafter, DrafterConfig, default_target_layer_ids  # noqa: E402
 from dflash.qwen3 import Qwen3, Qwen3Config  # noqa: E402
 from gpu_check import PUBLISHED_TAU  # noqa: E402
@@ -61,12 +64,14 @@ VOCAB = bench_train.VOCAB
 # The official config.json shapes (bench_train.py keeps three of them); "tiny" is for the tests.
 SHAPES = {
     "Qwen3-0.6B": dict(vocab_size=VOCAB, **bench_train.SHAPES["qwen3-0.6b"]),
-    "Qwen3-1.7B": dict(vocab_size=VOCAB, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
-                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
+    "Qwen3-1.7B": dict(vocab_size=VOCAB, hidden_size=2048, intermediate_size=6144,
+                       num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=128, tie_word_embeddings=True),
     "Qwen3-4B": dict(vocab_size=VOCAB, **bench_train.SHAPES["qwen3-4b"]),
     "Qwen3-8B": dict(vocab_size=VOCAB, **bench_train.SHAPES["qwen3-8b"]),
     "tiny": dict(vocab_size=1024, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, tie_word_embeddings=True),
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 tie_word_embeddings=True),
 }
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DRAFTER_LAYERS = 5  # the authors' drafters for Qwen3
@@ -78,8 +83,8 @@ MEMORY_SHARE = 0.85  # a shape is built only if it needs at most this share of t
 
 
 def cpu_description() -> dict:
-    """The CPU's model, its logical CPUs, and whether it multiplies bf16 natively: AMX tiles (amx_bf16) or
-    AVX-512 bf16 dot products (avx512_bf16), as /proc/cpuinfo's flags say."""
+    """The CPU's model, its logical CPUs, and whether it multiplies bf16 natively: AMX tiles
+    (amx_bf16) or AVX-512 bf16 dot products (avx512_bf16), as /proc/cpuinfo's flags say."""
     info = Path("/proc/cpuinfo")
     text = info.read_text() if info.exists() else ""
     model = re.search(r"model name\s*:\s*(.*)", text)
@@ -107,8 +112,9 @@ def pair_on_meta(shape: dict, dtype: torch.dtype, block_size: int) -> tuple[Qwen
     """The target and its drafter on the `meta` device in `dtype`: shapes without memory."""
     config = Qwen3Config(**shape, dtype=str(dtype).removeprefix("torch."))
     layers = Qwen3Config(**{**config.__dict__, "num_hidden_layers": DRAFTER_LAYERS})
-    drafter_config = DrafterConfig(layers, block_size, config.num_hidden_layers, config.vocab_size - 1,
-                                   default_target_layer_ids(config.num_hidden_layers, DRAFTER_LAYERS))
+    layer_ids = default_target_layer_ids(config.num_hidden_layers, DRAFTER_LAYERS)
+    drafter_config = DrafterConfig(layers, block_size, config.num_hidden_layers,
+                                   config.vocab_size - 1, layer_ids)  # the mask token: the last id
     with torch.device("meta"):
         return Qwen3(config).to(dtype), Drafter(drafter_config).to(dtype)
 
@@ -118,15 +124,15 @@ def weight_bytes(*models: torch.nn.Module) -> int:
 
 
 def random_pair(shape: dict, dtype: torch.dtype, block_size: int) -> tuple[Qwen3, Drafter]:
-    """The pair with random weights (std 0.02, norms 1), allocated once in `dtype`: a 4B target in bf16
-    never passes through float32, so it needs its 8 GB and no more."""
+    """The pair with random weights (std 0.02, norms 1), allocated once in `dtype`: a 4B target in
+    bf16 never passes through float32, so it needs its 8 GB and no more."""
     models = []
     for model in pair_on_meta(shape, dtype, block_size):
         model = model.to_empty(device="cpu")
         with torch.no_grad():
             for parameter in model.parameters():
                 parameter.normal_(0.0, 0.02) if parameter.dim() == 2 else parameter.fill_(1.0)
-        model.rotary.inv_freq = model.rotary.inverse_frequencies()  # float32, as from_pretrained makes it
+        model.rotary.inv_freq = model.rotary.inverse_frequencies()  # float32, as when loaded
         models.append(model.eval().requires_grad_(False))
     return models[0], models[1]
 
@@ -135,14 +141,15 @@ def random_pair(shape: dict, dtype: torch.dtype, block_size: int) -> tuple[Qwen3
 
 
 def tokens_per_step(p: float, block_size: int) -> float:
-    """Mean tokens a step adds when each of the block's block_size - 1 draft slots, once reached, is kept with
-    probability p: 1 + p + ... + p^(block_size - 1) (the target's own token, then the kept drafts)."""
-    return sum(p ** k for k in range(block_size))  # summed, not (1 - p^B) / (1 - p): exact near p = 1
+    """Mean tokens a step adds when each of the block's block_size - 1 draft slots, once reached,
+    is kept with probability p: 1 + p + ... + p^(block_size - 1) (the target's own token, then the
+    kept drafts). Summed, not (1 - p^B) / (1 - p), which loses its digits near p = 1."""
+    return sum(p ** k for k in range(block_size))
 
 
 def acceptance_for(tau: float, block_size: int) -> float:
-    """The per-slot p whose mean tokens per step is `tau` (1 <= tau <= block_size), by bisection: the mean
-    grows with p, from 1 at p = 0 to block_size at p = 1."""
+    """The per-slot p whose mean tokens per step is `tau` (1 <= tau <= block_size), by bisection:
+    the mean grows with p, from 1 at p = 0 to block_size at p = 1."""
     if tau >= block_size:
         return 1.0
     low, high = 0.0, 1.0
@@ -153,20 +160,25 @@ def acceptance_for(tau: float, block_size: int) -> float:
 
 
 def planned_acceptance(p: float, block_size: int) -> Iterator[int]:
-    """The drafts each step keeps (0..block_size - 1), drawn from the geometric law cut at the block:
-    P(kept >= k) = p^k. The uniform draws are the golden-ratio sequence, spread evenly from the first step on,
-    so that a short run's mean is near the law's (random draws would wander by a token over ten steps)."""
+    """The drafts each step keeps (0..block_size - 1), drawn from the geometric law cut at the
+    block: P(kept >= k) = p^k. The uniform draws are the golden-ratio sequence, spread evenly from
+    the first step on, so that a short run's mean is near the law's (random draws would wander by a
+    token over ten steps)."""
     for step in itertools.count():
         u = (0.5 + step * 0.6180339887498949) % 1.0  # in (0, 1)
-        yield block_size - 1 if p >= 1 else min(block_size - 1, int(math.log(u) / math.log(p)) if p > 0 else 0)
+        if p >= 1 or p <= 0:
+            yield block_size - 1 if p >= 1 else 0
+        else:  # kept >= k exactly when u <= p^k
+            yield min(block_size - 1, int(math.log(u) / math.log(p)))
 
 
 @contextmanager
 def forced_drafts(runner: generate.ModelRunner, truth: Sequence[int], plan: Iterator[int]):
-    """Within the block, `runner.draft` returns the target's own greedy tokens `truth` (prompt included) with
-    one miss per step, after as many right guesses as `plan` says. The real draft pass still runs, for its cost
-    and to keep the drafter's cache in step. The runner's internals touched: `runner.draft` (wrapped, replaced,
-    put back), `runner.block_size` and `runner.target.config.vocab_size` (read)."""
+    """Within the block, `runner.draft` returns the target's own greedy tokens `truth` (prompt
+    included) with one miss per step, after as many right guesses as `plan` says. The real draft
+    pass still runs, for its cost and to keep the drafter's cache in step. The runner's internals
+    touched: `runner.draft` (wrapped, replaced, put back), `runner.block_size` and
+    `runner.target.config.vocab_size` (read)."""
     real_draft, vocab, block = runner.draft, runner.target.config.vocab_size, runner.block_size
     known = torch.tensor(list(truth))
 
@@ -192,12 +204,13 @@ def forced_drafts(runner: generate.ModelRunner, truth: Sequence[int], plan: Iter
 
 def pass_costs(target: Qwen3, drafter: Drafter, tokens: Sequence[int], context: int, rounds: int,
                repeats: int) -> dict:
-    """Milliseconds of a decode and of the verify and draft of each n in `tokens`, and the fitted lines."""
+    """Milliseconds of a decode and of the verify and draft of each n in `tokens`; fitted lines."""
     plain = generate.ModelRunner(target, None, max_length=context + 64)
     plain.prefill(torch.arange(2, context + 2), 0.0, None)
     loops = {"plain": {"decode": lambda: plain.decode(1, 0.0, None)}}
     for n in tokens:
-        loops[f"block {n}"] = pass_calls(runner_at(target, drafter, n, context, False), n, context, "eager")
+        runner = runner_at(target, drafter, n, context, False)
+        loops[f"block {n}"] = pass_calls(runner, n, context, "eager")
     ms = {name: 1e3 * seconds for name, seconds in least_time(loops, rounds, repeats).items()}
     verify = {n: ms[f"eager verify {n}"] for n in tokens}
     draft = {n: ms[f"eager draft {n}"] for n in tokens}
@@ -207,16 +220,19 @@ def pass_costs(target: Qwen3, drafter: Drafter, tokens: Sequence[int], context: 
             "verify_fit_ms": fits.get("verify"), "draft_fit_ms": fits.get("draft")}
 
 
-def self_consistent_truth(target: Qwen3, drafter: Drafter, runners: dict, prompt: list[int], limit: int,
-                          plan: callable, tries: int = 4) -> tuple[list[int], int, bool]:
-    """The greedy continuation that the forced DFlash loop itself produces. It starts as the plain loop's; in
-    bfloat16 a verify and a decode may break a near-tie differently, a forced right guess is then refused and
-    the run leaves the truth, so the truth becomes that run's output until a run keeps to it. Returns the
-    truth (prompt included), the DFlash runs it took, and whether it settled."""
-    truth = prompt + generate.generate_autoregressive(target, prompt, limit, runner=runners["plain"]).new_ids
+def self_consistent_truth(target: Qwen3, drafter: Drafter, runners: dict, prompt: list[int],
+                          limit: int, plan: Callable[[], Iterator[int]],
+                          tries: int = 4) -> tuple[list[int], int, bool]:
+    """The greedy continuation that the forced DFlash loop itself produces. It starts as the plain
+    loop's; in bfloat16 a verify and a decode may break a near-tie differently, a forced right guess
+    is then refused and the run leaves the truth, so the truth becomes that run's output until a
+    run keeps to it. Returns the truth (prompt included), the DFlash runs it took, whether it
+    settled."""
+    plain, fast = runners["plain"], runners["dflash"]
+    truth = prompt + generate.generate_autoregressive(target, prompt, limit, runner=plain).new_ids
     for run in range(1, tries + 1):
-        with forced_drafts(runners["dflash"], truth, plan()):
-            output = generate.generate_dflash(target, drafter, prompt, limit, runner=runners["dflash"]).new_ids
+        with forced_drafts(fast, truth, plan()):
+            output = generate.generate_dflash(target, drafter, prompt, limit, runner=fast).new_ids
         if prompt + output == truth:
             return truth, run, True
         truth = prompt + output
@@ -228,22 +244,28 @@ def decode_seconds(result) -> float:
     return result.seconds - result.first_token_seconds
 
 
-def time_loops(target: Qwen3, drafter: Drafter, context: int, new_tokens: int, block_size: int, p: float,
-               rounds: int, seed: int) -> dict:
-    """Both loops on one random prompt, in turns, the fastest of `rounds` runs each; the forced acceptance."""
-    prompt = torch.randint(0, target.config.vocab_size - 1, (context,),
-                           generator=torch.Generator().manual_seed(seed)).tolist()  # never the mask token
+def time_loops(target: Qwen3, drafter: Drafter, context: int, new_tokens: int, block_size: int,
+               p: float, rounds: int, seed: int) -> dict:
+    """Both loops on one random prompt, in turns, the fastest of `rounds` runs each; DFlash with
+    the forced acceptance."""
+    generator = torch.Generator().manual_seed(seed)
+    vocab = target.config.vocab_size
+    prompt = torch.randint(0, vocab - 1, (context,), generator=generator).tolist()  # no mask token
     limit = new_tokens + block_size  # the truth reaches past the timed runs' last block
     slots = context + limit + block_size
     runners = {"plain": generate.ModelRunner(target, None, max_length=slots),
-               "dflash": generate.ModelRunner(target, drafter, max_length=slots, block_size=block_size)}
+               "dflash": generate.ModelRunner(target, drafter, max_length=slots,
+                                              block_size=block_size)}
     plan = lambda: planned_acceptance(p, block_size)  # noqa: E731: a fresh plan for every run
-    truth, truth_runs, settled = self_consistent_truth(target, drafter, runners, prompt, limit, plan)
+    truth, truth_runs, settled = self_consistent_truth(target, drafter, runners, prompt, limit,
+                                                       plan)
     best = {}
     for _ in range(rounds):
-        plain = generate.generate_autoregressive(target, prompt, new_tokens, runner=runners["plain"])
+        plain = generate.generate_autoregressive(target, prompt, new_tokens,
+                                                 runner=runners["plain"])
         with forced_drafts(runners["dflash"], truth, plan()):
-            fast = generate.generate_dflash(target, drafter, prompt, new_tokens, runner=runners["dflash"])
+            fast = generate.generate_dflash(target, drafter, prompt, new_tokens,
+                                            runner=runners["dflash"])
         for name, result in (("plain", plain), ("dflash", fast)):
             if name not in best or decode_seconds(result) < decode_seconds(best[name]):
                 best[name] = result
@@ -260,23 +282,25 @@ def time_loops(target: Qwen3, drafter: Drafter, context: int, new_tokens: int, b
 
 
 def block_sweep(costs: dict, p: float) -> dict[int, float]:
-    """Each block n's predicted speedup: its tokens per step under the same per-slot p, times a decode, over
-    its draft and verify. Assumes a slot's acceptance does not depend on the block it is drafted in."""
-    return {n: tokens_per_step(p, n) * costs["decode_ms"] / (costs["draft_ms"][n] + costs["verify_ms"][n])
-            for n in costs["verify_ms"]}
+    """Each block n's predicted speedup: its tokens per step under the same per-slot p, times a
+    decode, over its draft and verify. Assumes a slot's acceptance does not depend on the block it
+    is drafted in."""
+    step_ms = {n: costs["draft_ms"][n] + costs["verify_ms"][n] for n in costs["verify_ms"]}
+    return {n: tokens_per_step(p, n) * costs["decode_ms"] / ms for n, ms in step_ms.items()}
 
 
 def study_row(target, drafter, args, shape: str, dtype: str, threads: int, progress: tqdm) -> dict:
-    """One row: the passes' costs, the loops, the prediction beside the measurement, the block sweep."""
+    """One row: the passes' costs, the loops, the prediction beside the measurement, the sweep."""
     torch.set_num_threads(threads)
     load_before, began = load_average(), time.perf_counter()
     progress.set_postfix_str(f"{shape} {dtype} {threads} thread(s): pass costs")
-    costs = pass_costs(target, drafter, args.tokens, args.context, args.pass_rounds, args.pass_repeats)
+    costs = pass_costs(target, drafter, args.tokens, args.context, args.pass_rounds,
+                       args.pass_repeats)
     progress.update()
     p = acceptance_for(args.tau, args.block_size)
     progress.set_postfix_str(f"{shape} {dtype} {threads} thread(s): the loops")
-    loops = time_loops(target, drafter, args.context, args.new_tokens, args.block_size, p, args.rounds,
-                       args.seed)
+    loops = time_loops(target, drafter, args.context, args.new_tokens, args.block_size, p,
+                       args.rounds, args.seed)
     progress.update()
     step_ms = costs["draft_ms"][args.block_size] + costs["verify_ms"][args.block_size]
     sweep = block_sweep(costs, p)
@@ -292,20 +316,22 @@ def study_row(target, drafter, args, shape: str, dtype: str, threads: int, progr
 
 @torch.no_grad()
 def study(args) -> dict:
-    """Every row the options ask for; a shape that does not fit in memory is skipped, with the reason."""
+    """Every row the options ask for; a shape that does not fit in memory is skipped, with why."""
     rows, skipped = [], []
-    progress = tqdm(total=2 * len(args.shapes) * len(args.dtype) * len(args.threads), desc="cpu study",
-                    unit="part", file=sys.stderr)
+    parts = 2 * len(args.shapes) * len(args.dtype) * len(args.threads)  # costs and loops per row
+    progress = tqdm(total=parts, desc="cpu study", unit="part", file=sys.stderr)
     for shape, dtype in itertools.product(args.shapes, args.dtype):
-        need, free = weight_bytes(*pair_on_meta(SHAPES[shape], DTYPES[dtype], args.block_size)), available_bytes()
+        need = weight_bytes(*pair_on_meta(SHAPES[shape], DTYPES[dtype], args.block_size))
+        free = available_bytes()
         if free is not None and need > MEMORY_SHARE * free:
-            skipped.append({"shape": shape, "dtype": dtype, "reason": f"needs {need / 2**30:.1f} GiB of weights, "
-                            f"{free / 2**30:.1f} GiB available"})
+            skipped.append({"shape": shape, "dtype": dtype, "reason": f"needs {need / 2**30:.1f} "
+                            f"GiB of weights, {free / 2**30:.1f} GiB available"})
             progress.update(2 * len(args.threads))
             continue
         progress.set_postfix_str(f"{shape} {dtype}: building")
         target, drafter = random_pair(SHAPES[shape], DTYPES[dtype], args.block_size)
-        rows += [study_row(target, drafter, args, shape, dtype, threads, progress) for threads in args.threads]
+        rows += [study_row(target, drafter, args, shape, dtype, threads, progress)
+                 for threads in args.threads]
         del target, drafter
     progress.close()
     return {"conditions": conditions(args), "rows": rows, "skipped": skipped}
@@ -315,31 +341,35 @@ def conditions(args) -> dict:
     return {"cpu": cpu_description(), "torch": torch.__version__, "context": args.context,
             "new_tokens": args.new_tokens, "block_size": args.block_size, "tau_model": args.tau,
             "acceptance_model": "geometric per slot, cut at the block; golden-ratio draws",
-            "pass_rounds": args.pass_rounds, "pass_repeats": args.pass_repeats, "loop_rounds": args.rounds,
-            "timing": "eager passes, batch 1, random weights in the official shapes; the least time over rounds"}
+            "pass_rounds": args.pass_rounds, "pass_repeats": args.pass_repeats,
+            "loop_rounds": args.rounds, "timing": "eager passes, batch 1, random weights in the "
+            "official shapes; the least time over rounds"}
 
 
 # ------------------------------------------------------------------ the report
 
 
 def markdown(report: dict, block_size: int) -> str:
-    cpu = report["conditions"]["cpu"]
-    native = ", ".join(f for f in ("amx_bf16", "avx512_bf16") if cpu[f]) or "none"
+    """The rows as a Markdown table, under a line of conditions."""
+    where, cpu = report["conditions"], report["conditions"]["cpu"]
+    native = ", ".join(flag for flag in ("amx_bf16", "avx512_bf16") if cpu[flag]) or "none"
+    b = block_size
     lines = [f"CPU: {cpu['model']} ({cpu['logical_cpus']} logical CPUs; bf16 flags: {native}), "
-             f"torch {report['conditions']['torch']}, context {report['conditions']['context']}, "
-             f"{report['conditions']['new_tokens']} new tokens, block {block_size}", "",
-             f"| shape | dtype | threads | decode ms | verify {block_size} / decode | draft {block_size} / decode "
-             "| verify fit ms (a + b n) | tau | plain tok/s | DFlash tok/s | predicted | measured | best block |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"torch {where['torch']}, context {where['context']}, {where['new_tokens']} new "
+             f"tokens, block {b}", "",
+             f"| shape | dtype | threads | decode ms | verify {b} / decode | draft {b} / decode | "
+             "verify fit ms (a + b n) | tau | plain tok/s | DFlash tok/s | predicted | measured | "
+             "best block (predicted) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in report["rows"]:
-        decode, fit = row["decode_ms"], row["verify_fit_ms"]
+        decode, fit, best = row["decode_ms"], row["verify_fit_ms"], row["best_block"]
         fitted = f"{fit['overhead']:.1f} + {fit['per_token']:.2f} n" if fit else "-"
-        lines.append(
-            f"| {row['shape']} | {row['dtype']} | {row['threads']} | {decode:.1f} | "
-            f"{row['verify_ms'][block_size] / decode:.2f} | {row['draft_ms'][block_size] / decode:.2f} | "
-            f"{fitted} | {row['tau']:.2f} | {row['plain_tokens_per_s']:.2f} | {row['dflash_tokens_per_s']:.2f} | "
-            f"{row['predicted_speedup']:.2f}x | {row['measured_speedup']:.2f}x | {row['best_block']} "
-            f"({row['block_sweep'][row['best_block']]:.2f}x) |")
+        cells = [row["shape"], row["dtype"], row["threads"], f"{decode:.1f}",
+                 f"{row['verify_ms'][b] / decode:.2f}", f"{row['draft_ms'][b] / decode:.2f}",
+                 fitted,
+                 f"{row['tau']:.2f}", f"{row['plain_tokens_per_s']:.2f}",
+                 f"{row['dflash_tokens_per_s']:.2f}", f"{row['predicted_speedup']:.2f}x",
+                 f"{row['measured_speedup']:.2f}x", f"{best} ({row['block_sweep'][best]:.2f}x)"]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
     lines += [f"- skipped {s['shape']} {s['dtype']}: {s['reason']}" for s in report["skipped"]]
     return "\n".join(lines) + "\n"
 
@@ -348,16 +378,16 @@ def markdown(report: dict, block_size: int) -> str:
 
 
 def listed(kind, choices: Sequence | None = None, rule: str = ""):
-    """An argparse type for a comma-separated list, each item of `kind` (among `choices`, if given)."""
+    """An argparse type: a comma-separated list, each item of `kind` (among `choices`, if given)."""
     def parse(text: str) -> list:
         items = [piece.strip() for piece in text.split(",")]
-        if choices is not None:
-            by_lower = {str(choice).lower(): choice for choice in choices}
-            wrong = [item for item in items if item.lower() not in by_lower]
-            if wrong:
-                raise argparse.ArgumentTypeError(f"{wrong[0]!r} is not one of {', '.join(map(str, choices))}")
-            return list(dict.fromkeys(by_lower[item.lower()] for item in items))
-        return list(dict.fromkeys(kind(item) for item in items))
+        if choices is None:
+            return list(dict.fromkeys(kind(item) for item in items))
+        by_lower = {str(choice).lower(): choice for choice in choices}
+        wrong = [item for item in items if item.lower() not in by_lower]
+        if wrong:
+            raise argparse.ArgumentTypeError(f"{wrong[0]!r} is not one of {', '.join(choices)}")
+        return list(dict.fromkeys(by_lower[item.lower()] for item in items))
 
     parse.__name__ = rule or "list"
     return parse
@@ -366,26 +396,30 @@ def listed(kind, choices: Sequence | None = None, rule: str = ""):
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineErrors(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    block = checked(int, "in 2..16", lambda x: 2 <= x <= 16)
     p.add_argument("--shapes", type=listed(str, list(SHAPES)), default=["Qwen3-0.6B"],
                    help=f"comma-separated, of {', '.join(SHAPES)} (default Qwen3-0.6B)")
     p.add_argument("--dtype", type=listed(str, list(DTYPES)), default=["bfloat16"],
                    help="comma-separated: float32, bfloat16 (default bfloat16)")
-    p.add_argument("--threads", type=listed(positive_int, rule="comma-separated positive int"), default=[1],
-                   help="comma-separated torch thread counts, e.g. 1,2 (default 1)")
-    p.add_argument("--tokens", type=listed(checked(int, "in 2..16", lambda x: 2 <= x <= 16),
-                                           rule="comma-separated int in 2..16"),
-                   default=list(range(2, 17)), help="the n of the verify(n) and draft(n) timed (default 2..16)")
-    p.add_argument("--block-size", type=checked(int, "in 2..16", lambda x: 2 <= x <= 16), default=16,
+    p.add_argument("--threads", type=listed(positive_int, rule="comma-separated positive int"),
+                   default=[1], help="comma-separated torch thread counts, e.g. 1,2 (default 1)")
+    p.add_argument("--tokens", type=listed(block, rule="comma-separated int in 2..16"),
+                   default=list(range(2, 17)),
+                   help="the n of the verify(n) and draft(n) timed (default 2..16)")
+    p.add_argument("--block-size", type=block, default=16,
                    help="the loops' block (default 16, the authors'); must be among --tokens")
-    p.add_argument("--tau", type=checked(float, "at least 1", lambda x: 1 <= x < math.inf), default=DEFAULT_TAU,
-                   help=f"mean tokens per step the forced acceptance follows (default {DEFAULT_TAU}, "
-                        "the authors' for Qwen3-8B on GSM8K)")
+    p.add_argument("--tau", type=checked(float, "at least 1", lambda x: 1 <= x < math.inf),
+                   default=DEFAULT_TAU, help="mean tokens per step of the forced acceptance "
+                   f"(default {DEFAULT_TAU}, the authors' for Qwen3-8B on GSM8K)")
     p.add_argument("--context", type=positive_int, default=128, help="prompt tokens (default 128)")
     p.add_argument("--new-tokens", type=checked(int, "at least 2", lambda x: x >= 2), default=64,
                    help="tokens each loop generates (default 64)")
-    p.add_argument("--rounds", type=positive_int, default=2, help="runs of each loop, the fastest kept (default 2)")
-    p.add_argument("--pass-rounds", type=positive_int, default=3, help="pass_costs' rounds (default 3)")
-    p.add_argument("--pass-repeats", type=positive_int, default=2, help="calls per pass per round (default 2)")
+    p.add_argument("--rounds", type=positive_int, default=2,
+                   help="runs of each loop, the fastest kept (default 2)")
+    p.add_argument("--pass-rounds", type=positive_int, default=3,
+                   help="pass_costs' rounds (default 3)")
+    p.add_argument("--pass-repeats", type=positive_int, default=2,
+                   help="calls per pass per round (default 2)")
     p.add_argument("--seed", type=int, default=0, help="the random prompt's (default 0)")
     p.add_argument("--json", type=Path, help="write {conditions, rows, skipped} to this file")
     return p
