@@ -25,15 +25,16 @@ dtype asked for. For each shape, dtype and thread count:
    (draft(B) + verify(B)); and a sweep over blocks: each block n's predicted speedup from its
    passes' costs and the same p, and the best block.
 
-Speedups compare the time after the first token (both loops pay the same prefill); tokens/s are
-on the same basis.
+Speedups compare the time after the first token (a prefill, timed on its own, is taken off both
+loops' times); tokens/s are on the same basis. With one thread the clock is the process's CPU time
+(--clock): on a machine shared with others, wall time measures the neighbours too. Every time is the
+least over rounds. The JSON is written after every row.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import math
 import os
 import re
@@ -54,6 +55,7 @@ import bench_train  # noqa: E402
 import generate  # noqa: E402
 from bench_common import least_time  # noqa: E402
 from dflash.cli import OneLineErrors, UsageError, check_output, checked  # noqa: E402
+from dflash.checkpoint import write_json_atomically  # noqa: E402
 from dflash.cli import positive_int, run_cli  # noqa: E402
 from dflash.drafter import Drafter, DrafterConfig, default_target_layer_ids  # noqa: E402
 from dflash.qwen3 import Qwen3, Qwen3Config  # noqa: E402
@@ -203,7 +205,7 @@ def forced_drafts(runner: generate.ModelRunner, truth: Sequence[int], plan: Iter
 
 
 def pass_costs(target: Qwen3, drafter: Drafter, tokens: Sequence[int], context: int, rounds: int,
-               repeats: int) -> dict:
+               repeats: int, clock: Callable[[], float]) -> dict:
     """Milliseconds of a decode and of the verify and draft of each n in `tokens`; fitted lines."""
     plain = generate.ModelRunner(target, None, max_length=context + 64)
     plain.prefill(torch.arange(2, context + 2), 0.0, None)
@@ -211,7 +213,8 @@ def pass_costs(target: Qwen3, drafter: Drafter, tokens: Sequence[int], context: 
     for n in tokens:
         runner = runner_at(target, drafter, n, context, False)
         loops[f"block {n}"] = pass_calls(runner, n, context, "eager")
-    ms = {name: 1e3 * seconds for name, seconds in least_time(loops, rounds, repeats).items()}
+    seconds = least_time(loops, rounds, repeats, clock)
+    ms = {name: 1e3 * spent for name, spent in seconds.items()}
     verify = {n: ms[f"eager verify {n}"] for n in tokens}
     draft = {n: ms[f"eager draft {n}"] for n in tokens}
     fits = {name: dict(zip(("overhead", "per_token"), fit_line(list(costs.items()))))
@@ -239,42 +242,59 @@ def self_consistent_truth(target: Qwen3, drafter: Drafter, runners: dict, prompt
     return truth, tries, False
 
 
-def decode_seconds(result) -> float:
-    """A loop's seconds after its first token: the prefill, the same for both loops, left out."""
-    return result.seconds - result.first_token_seconds
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
+
+
+def clock_for(name: str, threads: int) -> str:
+    """`auto`: the process's CPU time for one thread (what the work costs, whatever a neighbour on a
+    busy machine takes of the cores), wall time for more (CPU time would add the threads up)."""
+    return ("cpu" if threads == 1 else "wall") if name == "auto" else name
+
+
+def clocked(clock: Callable[[], float], run: Callable[[], object]) -> tuple[object, float]:
+    """`run()`'s result and the seconds `clock` counted while it ran."""
+    began = clock()
+    result = run()
+    return result, clock() - began
 
 
 def time_loops(target: Qwen3, drafter: Drafter, context: int, new_tokens: int, block_size: int,
-               p: float, rounds: int, seed: int) -> dict:
-    """Both loops on one random prompt, in turns, the fastest of `rounds` runs each; DFlash with
-    the forced acceptance."""
+               p: float, rounds: int, seed: int, clock: Callable[[], float]) -> dict:
+    """Both loops on one random prompt, in turns, the least time of `rounds` runs each; DFlash with
+    the forced acceptance. A prefill, timed on its own, is taken off both: the time after the first
+    token is what DFlash changes."""
     generator = torch.Generator().manual_seed(seed)
     vocab = target.config.vocab_size
     prompt = torch.randint(0, vocab - 1, (context,), generator=generator).tolist()  # no mask token
     limit = new_tokens + block_size  # the truth reaches past the timed runs' last block
     slots = context + limit + block_size
-    runners = {"plain": generate.ModelRunner(target, None, max_length=slots),
-               "dflash": generate.ModelRunner(target, drafter, max_length=slots,
-                                              block_size=block_size)}
+    plain_runner = generate.ModelRunner(target, None, max_length=slots)
+    runner = generate.ModelRunner(target, drafter, max_length=slots, block_size=block_size)
     plan = lambda: planned_acceptance(p, block_size)  # noqa: E731: a fresh plan for every run
-    truth, truth_runs, settled = self_consistent_truth(target, drafter, runners, prompt, limit,
-                                                       plan)
-    best = {}
+    truth, truth_runs, settled = self_consistent_truth(
+        target, drafter, {"plain": plain_runner, "dflash": runner}, prompt, limit, plan)
+
+    def dflash():
+        with forced_drafts(runner, truth, plan()):
+            return generate.generate_dflash(target, drafter, prompt, new_tokens, runner=runner)
+
+    runs = {"prefill": lambda: plain_runner.prefill(prompt, 0.0, None),
+            "plain": lambda: generate.generate_autoregressive(target, prompt, new_tokens,
+                                                              runner=plain_runner),
+            "dflash": dflash}
+    seconds = {name: float("inf") for name in runs}
     for _ in range(rounds):
-        plain = generate.generate_autoregressive(target, prompt, new_tokens,
-                                                 runner=runners["plain"])
-        with forced_drafts(runners["dflash"], truth, plan()):
-            fast = generate.generate_dflash(target, drafter, prompt, new_tokens,
-                                            runner=runners["dflash"])
-        for name, result in (("plain", plain), ("dflash", fast)):
-            if name not in best or decode_seconds(result) < decode_seconds(best[name]):
-                best[name] = result
-    planned = [kept + 1 for kept in itertools.islice(plan(), best["dflash"].steps)]
-    plain, fast = best["plain"], best["dflash"]
-    return {"plain_tokens_per_s": (new_tokens - 1) / decode_seconds(plain),
-            "dflash_tokens_per_s": (new_tokens - 1) / decode_seconds(fast),
-            "measured_speedup": decode_seconds(plain) / decode_seconds(fast),
-            "measured_speedup_with_prefill": fast.tokens_per_second / plain.tokens_per_second,
+        for name, run in runs.items():
+            result, spent = clocked(clock, run)
+            seconds[name] = min(seconds[name], spent)
+    fast = result  # the forced runs are alike: the same steps, the same acceptance
+    after_first = {name: seconds[name] - seconds["prefill"] for name in ("plain", "dflash")}
+    planned = [kept + 1 for kept in itertools.islice(plan(), fast.steps)]
+    return {"plain_tokens_per_s": (new_tokens - 1) / after_first["plain"],
+            "dflash_tokens_per_s": (new_tokens - 1) / after_first["dflash"],
+            "measured_speedup": after_first["plain"] / after_first["dflash"],
+            "measured_speedup_with_prefill": seconds["plain"] / seconds["dflash"],
+            "prefill_ms": 1e3 * seconds["prefill"],
             "tau": fast.mean_acceptance, "tokens_per_step": (new_tokens - 1) / fast.steps,
             "steps": fast.steps, "acceptance_lengths": fast.acceptance_lengths,
             "acceptance_as_planned": fast.acceptance_lengths == planned,
@@ -292,19 +312,20 @@ def block_sweep(costs: dict, p: float) -> dict[int, float]:
 def study_row(target, drafter, args, shape: str, dtype: str, threads: int, progress: tqdm) -> dict:
     """One row: the passes' costs, the loops, the prediction beside the measurement, the sweep."""
     torch.set_num_threads(threads)
+    clock = clock_for(args.clock, threads)
     load_before, began = load_average(), time.perf_counter()
     progress.set_postfix_str(f"{shape} {dtype} {threads} thread(s): pass costs")
     costs = pass_costs(target, drafter, args.tokens, args.context, args.pass_rounds,
-                       args.pass_repeats)
+                       args.pass_repeats, CLOCKS[clock])
     progress.update()
     p = acceptance_for(args.tau, args.block_size)
     progress.set_postfix_str(f"{shape} {dtype} {threads} thread(s): the loops")
     loops = time_loops(target, drafter, args.context, args.new_tokens, args.block_size, p,
-                       args.rounds, args.seed)
+                       args.rounds, args.seed, CLOCKS[clock])
     progress.update()
     step_ms = costs["draft_ms"][args.block_size] + costs["verify_ms"][args.block_size]
     sweep = block_sweep(costs, p)
-    return {"shape": shape, "dtype": dtype, "threads": threads,
+    return {"shape": shape, "dtype": dtype, "threads": threads, "clock": clock,
             "parameters_b": sum(x.numel() for x in target.parameters()) / 1e9, **costs, **loops,
             "tau_model": args.tau, "acceptance_per_slot": p,
             "predicted_speedup": loops["tokens_per_step"] * costs["decode_ms"] / step_ms,
@@ -315,26 +336,29 @@ def study_row(target, drafter, args, shape: str, dtype: str, threads: int, progr
 
 
 @torch.no_grad()
-def study(args) -> dict:
-    """Every row the options ask for; a shape that does not fit in memory is skipped, with why."""
-    rows, skipped = [], []
+def study(args, save: Callable[[dict], None]) -> dict:
+    """Every row the options ask for, the report so far `save`d after each; a shape that does not
+    fit in memory is skipped, with why."""
+    report = {"conditions": conditions(args), "rows": [], "skipped": []}
     parts = 2 * len(args.shapes) * len(args.dtype) * len(args.threads)  # costs and loops per row
     progress = tqdm(total=parts, desc="cpu study", unit="part", file=sys.stderr)
     for shape, dtype in itertools.product(args.shapes, args.dtype):
         need = weight_bytes(*pair_on_meta(SHAPES[shape], DTYPES[dtype], args.block_size))
         free = available_bytes()
         if free is not None and need > MEMORY_SHARE * free:
-            skipped.append({"shape": shape, "dtype": dtype, "reason": f"needs {need / 2**30:.1f} "
-                            f"GiB of weights, {free / 2**30:.1f} GiB available"})
+            report["skipped"].append({"shape": shape, "dtype": dtype, "reason": f"needs "
+                                      f"{need / 2**30:.1f} GiB of weights, {free / 2**30:.1f} GiB "
+                                      "available"})
             progress.update(2 * len(args.threads))
             continue
         progress.set_postfix_str(f"{shape} {dtype}: building")
         target, drafter = random_pair(SHAPES[shape], DTYPES[dtype], args.block_size)
-        rows += [study_row(target, drafter, args, shape, dtype, threads, progress)
-                 for threads in args.threads]
+        for threads in args.threads:
+            report["rows"].append(study_row(target, drafter, args, shape, dtype, threads, progress))
+            save(report)
         del target, drafter
     progress.close()
-    return {"conditions": conditions(args), "rows": rows, "skipped": skipped}
+    return report
 
 
 def conditions(args) -> dict:
@@ -343,7 +367,8 @@ def conditions(args) -> dict:
             "acceptance_model": "geometric per slot, cut at the block; golden-ratio draws",
             "pass_rounds": args.pass_rounds, "pass_repeats": args.pass_repeats,
             "loop_rounds": args.rounds, "timing": "eager passes, batch 1, random weights in the "
-            "official shapes; the least time over rounds"}
+            "official shapes; the least time over rounds, on each row's clock (cpu: the process's "
+            "CPU time; wall: wall time)", "load_average_at_start": load_average()}
 
 
 # ------------------------------------------------------------------ the report
@@ -420,6 +445,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pass_costs' rounds (default 3)")
     p.add_argument("--pass-repeats", type=positive_int, default=2,
                    help="calls per pass per round (default 2)")
+    p.add_argument("--clock", choices=["auto", "cpu", "wall"], default="auto",
+                   help="what a time is: the process's CPU time or wall time (default auto: CPU "
+                   "time for one thread, which a busy neighbour does not inflate; wall for more)")
     p.add_argument("--seed", type=int, default=0, help="the random prompt's (default 0)")
     p.add_argument("--json", type=Path, help="write {conditions, rows, skipped} to this file")
     return p
@@ -432,11 +460,16 @@ def run(args) -> int:
         raise UsageError(f"--block-size {args.block_size} must be among --tokens {args.tokens}")
     if args.tau > args.block_size:
         raise UsageError(f"--tau {args.tau} is above the block's {args.block_size} tokens per step")
-    report = study(args)
-    print(markdown(report, args.block_size))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
+
+    def save(report: dict) -> None:  # after every row: a long run stopped keeps what it measured
+        if args.json:
+            write_json_atomically(args.json, report)
+
+    report = study(args, save)
+    save(report)
+    print(markdown(report, args.block_size))
     return 0
 
 

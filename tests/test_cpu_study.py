@@ -86,3 +86,13 @@ def test_bad_values_are_one_error_line(argv, capsys):
     assert cpu_study.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ")
+
+
+def test_least_time_reads_the_clock_it_is_given():
+    """The study's one-thread rows time with the process's CPU time, through least_time's clock."""
+    ticks = itertools.count()
+    seconds = cpu_study.least_time({"loop": {"job": lambda: None}}, rounds=2, calls=3,
+                                   clock=lambda: next(ticks))
+    assert seconds == {"job": 1.0}  # every call: one tick between its two readings
+    assert [cpu_study.clock_for("auto", n) for n in (1, 2)] == ["cpu", "wall"]
+    assert cpu_study.clock_for("wall", 1) == "wall"
