@@ -301,11 +301,16 @@ def time_loops(target: Qwen3, drafter: Drafter, context: int, new_tokens: int, b
             "truth_runs": truth_runs, "truth_settled": settled}
 
 
-def block_sweep(costs: dict, p: float) -> dict[int, float]:
+def block_sweep(costs: dict, p: float, fitted: bool = False) -> dict[int, float]:
     """Each block n's predicted speedup: its tokens per step under the same per-slot p, times a
-    decode, over its draft and verify. Assumes a slot's acceptance does not depend on the block it
-    is drafted in."""
-    step_ms = {n: costs["draft_ms"][n] + costs["verify_ms"][n] for n in costs["verify_ms"]}
+    decode, over its draft and verify: as timed, or (`fitted`) from the fitted lines, which a noisy
+    machine's odd timing does not move. Assumes a slot's acceptance does not depend on the block
+    it is drafted in."""
+    def cost(name: str, n: int) -> float:
+        fit = costs[f"{name}_fit_ms"]
+        return fit["overhead"] + n * fit["per_token"] if fitted else costs[f"{name}_ms"][n]
+
+    step_ms = {n: cost("draft", n) + cost("verify", n) for n in costs["verify_ms"]}
     return {n: tokens_per_step(p, n) * costs["decode_ms"] / ms for n, ms in step_ms.items()}
 
 
@@ -325,12 +330,17 @@ def study_row(target, drafter, args, shape: str, dtype: str, threads: int, progr
     progress.update()
     step_ms = costs["draft_ms"][args.block_size] + costs["verify_ms"][args.block_size]
     sweep = block_sweep(costs, p)
+    fitted_sweep = {}
+    if costs["verify_fit_ms"]:  # two block sizes or more
+        fitted = block_sweep(costs, p, fitted=True)
+        fitted_sweep = {"block_sweep_fitted": fitted,
+                        "best_block_fitted": max(fitted, key=fitted.get)}
     return {"shape": shape, "dtype": dtype, "threads": threads, "clock": clock,
             "parameters_b": sum(x.numel() for x in target.parameters()) / 1e9, **costs, **loops,
             "tau_model": args.tau, "acceptance_per_slot": p,
             "predicted_speedup": loops["tokens_per_step"] * costs["decode_ms"] / step_ms,
             "predicted_speedup_at_model_tau": args.tau * costs["decode_ms"] / step_ms,
-            "block_sweep": sweep, "best_block": max(sweep, key=sweep.get),
+            "block_sweep": sweep, "best_block": max(sweep, key=sweep.get), **fitted_sweep,
             "load_average_before": load_before, "load_average_after": load_average(),
             "seconds": time.perf_counter() - began}
 
@@ -381,19 +391,21 @@ def markdown(report: dict, block_size: int) -> str:
     b = block_size
     lines = [f"CPU: {cpu['model']} ({cpu['logical_cpus']} logical CPUs; bf16 flags: {native}), "
              f"torch {where['torch']}, context {where['context']}, {where['new_tokens']} new "
-             f"tokens, block {b}", "",
-             f"| shape | dtype | threads | decode ms | verify {b} / decode | draft {b} / decode | "
-             "verify fit ms (a + b n) | tau | plain tok/s | DFlash tok/s | predicted | measured | "
-             "best block (predicted) |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"tokens, block {b}, tau model {where['tau_model']}", "",
+             f"| shape | dtype | threads (clock) | decode ms | verify {b} / decode | draft {b} / "
+             "decode | verify fit ms (a + b n) | tau | plain tok/s | DFlash tok/s | predicted | "
+             "measured | best block (fitted costs) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in report["rows"]:
-        decode, fit, best = row["decode_ms"], row["verify_fit_ms"], row["best_block"]
-        fitted = f"{fit['overhead']:.1f} + {fit['per_token']:.2f} n" if fit else "-"
-        cells = [row["shape"], row["dtype"], row["threads"], f"{decode:.1f}",
+        decode, fit = row["decode_ms"], row["verify_fit_ms"]
+        fitted = f"{fit['overhead']:.0f} + {fit['per_token']:.1f} n" if fit else "-"
+        sweep = row.get("block_sweep_fitted", row["block_sweep"])
+        best = row.get("best_block_fitted", row["best_block"])
+        cells = [row["shape"], row["dtype"], f"{row['threads']} ({row['clock']})", f"{decode:.1f}",
                  f"{row['verify_ms'][b] / decode:.2f}", f"{row['draft_ms'][b] / decode:.2f}",
-                 fitted,
-                 f"{row['tau']:.2f}", f"{row['plain_tokens_per_s']:.2f}",
+                 fitted, f"{row['tau']:.2f}", f"{row['plain_tokens_per_s']:.2f}",
                  f"{row['dflash_tokens_per_s']:.2f}", f"{row['predicted_speedup']:.2f}x",
-                 f"{row['measured_speedup']:.2f}x", f"{best} ({row['block_sweep'][best]:.2f}x)"]
+                 f"{row['measured_speedup']:.2f}x", f"{best} ({sweep[best]:.2f}x)"]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     lines += [f"- skipped {s['shape']} {s['dtype']}: {s['reason']}" for s in report["skipped"]]
     return "\n".join(lines) + "\n"

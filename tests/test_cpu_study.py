@@ -45,7 +45,7 @@ def test_the_study_on_the_tiny_shape(tmp_path, capsys):
             "--pass-repeats", "1", "--json", str(out)]
     assert cpu_study.main(argv) == 0
     report = json.loads(out.read_text())
-    assert "| tiny | float32 | 1 |" in capsys.readouterr().out  # the Markdown table
+    assert "| tiny | float32 | 1 (cpu) |" in capsys.readouterr().out  # the Markdown table
     assert report["conditions"]["cpu"]["logical_cpus"] >= 1 and report["skipped"] == []
     (row,) = report["rows"]
     for key in ("shape", "dtype", "threads", "decode_ms", "verify_ms", "draft_ms", "tau",
@@ -56,7 +56,9 @@ def test_the_study_on_the_tiny_shape(tmp_path, capsys):
     assert (row["shape"], row["dtype"], row["threads"]) == ("tiny", "float32", 1)
     blocks = {"2", "8", "16"}  # JSON keys
     assert set(row["verify_ms"]) == set(row["draft_ms"]) == set(row["block_sweep"]) == blocks
-    assert row["best_block"] in (2, 8, 16)
+    assert set(row["block_sweep_fitted"]) == blocks
+    assert row["best_block"] in (2, 8, 16) and row["best_block_fitted"] in (2, 8, 16)
+    assert row["clock"] == "cpu"  # one thread: the process's CPU time
     costs = [row["decode_ms"], *row["verify_ms"].values(), *row["draft_ms"].values()]
     assert min(costs) > 0
     # The forcing worked: in float32 the loop kept exactly the drafts the plan said.
