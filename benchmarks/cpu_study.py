@@ -79,6 +79,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 DRAFTER_LAYERS = 5  # the authors' drafters for Qwen3
 DEFAULT_TAU = PUBLISHED_TAU["GSM8K"]  # Qwen3-8B, greedy, block 16
 MEMORY_SHARE = 0.85  # a shape is built only if it needs at most this share of the memory available
+CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}  # --clock's readings
 
 
 # ------------------------------------------------------------------ the machine
@@ -176,7 +177,7 @@ def planned_acceptance(p: float, block_size: int) -> Iterator[int]:
 
 @contextmanager
 def forced_drafts(runner: generate.ModelRunner, truth: Sequence[int], plan: Iterator[int]):
-    """Within the block, `runner.draft` returns the target's own greedy tokens `truth` (prompt
+    """Inside the `with`, `runner.draft` returns the target's own greedy tokens `truth` (prompt
     included) with one miss per step, after as many right guesses as `plan` says. The real draft
     pass still runs, for its cost and to keep the drafter's cache in step. The runner's internals
     touched: `runner.draft` (wrapped, replaced, put back), `runner.block_size` and
@@ -242,9 +243,6 @@ def self_consistent_truth(target: Qwen3, drafter: Drafter, runners: dict, prompt
     return truth, tries, False
 
 
-CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
-
-
 def clock_for(name: str, threads: int) -> str:
     """`auto`: the process's CPU time for one thread (what the work costs, whatever a neighbour on a
     busy machine takes of the cores), wall time for more (CPU time would add the threads up)."""
@@ -282,12 +280,12 @@ def time_loops(target: Qwen3, drafter: Drafter, context: int, new_tokens: int, b
             "plain": lambda: generate.generate_autoregressive(target, prompt, new_tokens,
                                                               runner=plain_runner),
             "dflash": dflash}
-    seconds = {name: float("inf") for name in runs}
+    seconds, results = {name: float("inf") for name in runs}, {}
     for _ in range(rounds):
         for name, run in runs.items():
-            result, spent = clocked(clock, run)
+            results[name], spent = clocked(clock, run)
             seconds[name] = min(seconds[name], spent)
-    fast = result  # the forced runs are alike: the same steps, the same acceptance
+    fast = results["dflash"]  # the forced runs are alike: the same steps, the same acceptance
     after_first = {name: seconds[name] - seconds["prefill"] for name in ("plain", "dflash")}
     planned = [kept + 1 for kept in itertools.islice(plan(), fast.steps)]
     return {"plain_tokens_per_s": (new_tokens - 1) / after_first["plain"],
