@@ -5,6 +5,7 @@ from unittest import mock
 
 import torch
 
+from _lab_helpers import drawn_random
 from dflash.drafter import Drafter
 
 
@@ -17,7 +18,7 @@ def test_one_position(lab, demo):
         calls.append((context_features, block_embeddings, context_positions, block_positions, out))
         return out
 
-    prompt_ids = demo.prompts(1)[0][0]
+    prompt_ids = demo.drawn_prompt(drawn_random())  # a held-out problem drawn at run time
     n, block = len(prompt_ids), demo.block
     with mock.patch.object(Drafter, "forward", watched):
         guesses = lab.guesses_at_one_position(demo, prompt_ids)
