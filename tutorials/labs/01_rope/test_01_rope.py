@@ -38,10 +38,10 @@ def test_rope(lab, demo):
     for head_dim, theta in ((64, 1e6), (32, 1e4), (128, 1e6)):
         seq = int(torch.randint(3, 12, (1,), generator=generator))
         x = torch.randn(1, 4, seq, head_dim, generator=generator)  # (batch, heads, seq, head_dim)
-        start = torch.randint(0, 2000, (seq,), generator=generator).sort().values  # (seq,): positions drawn
+        start = torch.randint(0, 1024, (seq,), generator=generator).sort().values  # (seq,): positions drawn
         for at in (torch.arange(seq), start):
             cos, sin = RotaryEmbedding(head_dim, theta)(at, x.dtype)  # (seq, head_dim) each
-            assert torch.allclose(lab.my_rope(x, at, theta), apply_rope(x, cos, sin), atol=1e-4), \
+            assert torch.allclose(lab.my_rope(x, at, theta), apply_rope(x, cos, sin), atol=5e-4), \
                 f"01_rope: differs from RotaryEmbedding + apply_rope at positions {at.tolist()}, theta {theta:g}"
     offset = int(torch.randint(1, 9, (1,), generator=generator))
     q, k = torch.randn(2, 1, 1, 1, 64, generator=generator).unbind(0)  # (1, 1, 1, head_dim) each
