@@ -162,6 +162,28 @@ WRONG = {
         ("no clamp", [replace(".clamp(max=context_length)", "")]),
         ("the leak to the left", [replace("(anchors + extra)", "(anchors - extra)")]),
     ],
+    "04_block_loss": [
+        ("labels shifted by one slot", [replace("return torch.where(labelled, input_ids.gather(1, inside), IGNORE)",
+                                                "following = (positions + 1).clamp(max=length - 1)\n"
+                                                "    return torch.where(labelled, input_ids.gather(1, following), "
+                                                "IGNORE)")]),
+        ("the known token labelled", [replace("labelled &= (torch.arange(positions.shape[1]) % block_size != 0)[None]",
+                                              "")]),
+        ("the prompt labelled", [replace(" & (loss_mask.gather(1, inside) == 1)", "")]),
+        ("padding blocks labelled", [replace("labelled &= real[:, :, None].expand(-1, -1, block_size).flatten(1)", "")]),
+        ("the decay counted along the row, not the block", [
+            replace("slot = torch.arange(labels.shape[1]) % block_size", "slot = torch.arange(labels.shape[1])")]),
+        ("gamma multiplied", [replace("torch.exp(-(slot - 1) / gamma)", "torch.exp(-(slot - 1) * gamma)")]),
+        ("a mean over the slots, not the weights", [replace("/ weights.sum()", "/ (labels != IGNORE).sum()")]),
+        ("the project's loss imported by name", [append("""
+            from dflash.train_kernels import chunked_lm_head_loss
+            def my_decayed_loss(hidden, head, labels, block_size, gamma):
+                slot = torch.arange(labels.shape[1]) % block_size
+                weights = (torch.exp(-(slot - 1) / gamma) * (labels != IGNORE))[labels != IGNORE]
+                scored = labels != IGNORE
+                return chunked_lm_head_loss(hidden[scored], head, labels[scored], weights / weights.sum(), 0)[0]
+            """)]),
+    ],
     "04_gamma": [
         ("gamma of blocks of 16", [replace("str(train.gamma_for_block_size(BLOCK))", "\"7\"")]),
         ("a decay that is not quite none", [replace("no_decay = 1e9", "no_decay = 1e3")]),
@@ -389,6 +411,7 @@ def renderings(value) -> set[str]:
     return {text for text in found if len(text) >= 4}
 
 
+NAMED_BUGS = {"labels shifted by one slot": "shifted by one slot"}  # wrong answers whose message must name them
 SOLUTION_RUNS: dict[str, tuple[int, list]] = {}
 
 
@@ -431,6 +454,8 @@ def test_the_grader_rejects_a_wrong_answer(lab, name, edits, demo, tmp_path, mon
         mine = []
         message, _ = grade(lab, folder / "solution.py", demo, wrap=lambda m: mine.append(Recorder(m)))
     assert message is not None, f"{lab}: the grader accepts a wrong answer: {name}"
+    if name in NAMED_BUGS:
+        assert NAMED_BUGS[name] in message, f"{lab}: the message for '{name}' does not name the bug: {message}"
     if name != MEMORISED:
         printed = set().union(*map(renderings, answers)) if answers else set()
         own = set().union(*map(renderings, mine[0].answers)) if mine[0].answers else set()
