@@ -332,6 +332,27 @@ def random_step(generator: torch.Generator, depth: int, width: int, vocab: int =
     return int(torch.randint(vocab, (1,), generator=generator)), logprobs.values.tolist(), logprobs.indices.tolist()
 
 
+def qwen3_8b_pass_costs():
+    """Notebook 8's section 5, as its costs: `target` and `drafter` (teaching.PassCost of Qwen3-8B and its
+    5-layer DFlash drafter, which borrows the target's LM head), and the GPUs `H100` and `H200`."""
+    import types
+
+    if str(LABS.parent) not in sys.path:
+        sys.path.insert(0, str(LABS.parent))  # tutorials/teaching.py
+    import teaching
+    from dflash.drafter import Drafter, DrafterConfig, default_target_layer_ids
+    from dflash.qwen3 import Qwen3, Qwen3Config
+
+    big = Qwen3Config()  # Qwen3-8B
+    with torch.device("meta"):  # shapes only, no memory
+        target = Qwen3(big)
+        drafter = Drafter(DrafterConfig(Qwen3Config(num_hidden_layers=5), block_size=16, num_target_layers=36,
+                                        mask_token_id=big.vocab_size, target_layer_ids=default_target_layer_ids(36, 5)))
+    return types.SimpleNamespace(
+        target=teaching.PassCost.of(target, big), H100=teaching.H100, H200=teaching.H200,
+        drafter=teaching.PassCost.of(drafter, drafter.config.layers, borrowed_matmul=target.lm_head.weight.numel()))
+
+
 def gpu_speedup_model():
     """Notebook 8's section 5: `gpu_speedup(gpu, alpha, block)`, the speedup the roofline model predicts for DFlash
     on "H100 SXM" or "H200" (Qwen3-8B and a 5-layer drafter of its width, bfloat16, 1,024 cached tokens), with a

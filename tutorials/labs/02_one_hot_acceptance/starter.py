@@ -1,4 +1,4 @@
-"""Lab 02_one_hot_acceptance (notebook 2, section 4; about 20 minutes): the probability that the first step keeps
+"""Lab 02_one_hot_acceptance (notebook 2, section 4): the probability that the first step keeps
 its one-hot first draft, predicted from the target's exact probabilities and measured by running the loop.
 
 Write the function below, then grade it: python -m pytest tutorials/labs -k one_hot_acceptance

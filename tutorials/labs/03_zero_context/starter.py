@@ -1,4 +1,4 @@
-"""Lab 03_zero_context (notebook 3, section 2; about 10 minutes, a warm-up): the drafter without the target's features.
+"""Lab 03_zero_context (notebook 3, section 2; a warm-up): the drafter without the target's features.
 
 Write the function below, then grade it: python -m pytest tutorials/labs -k zero_context
 """

@@ -1,4 +1,4 @@
-"""Lab 05_histogram (notebook 5, section 3; about 10 minutes): tau and the per-slot acceptance from the
+"""Lab 05_histogram (notebook 5, section 3): tau and the per-slot acceptance from the
 acceptance histogram alone.
 
 Write the two functions below, then grade them: python -m pytest tutorials/labs -k histogram

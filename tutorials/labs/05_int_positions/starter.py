@@ -1,4 +1,4 @@
-"""Lab 05_int_positions (notebook 5, section 5; about 15 minutes): what torch.compile does with a Python int
+"""Lab 05_int_positions (notebook 5, section 5): what torch.compile does with a Python int
 that changes at every step.
 
 Write the function below, then grade it: python -m pytest tutorials/labs -k int_positions
