@@ -7,11 +7,16 @@ maximum, both under the student's (checked) batched_pass_ms."""
 import dataclasses
 import math
 
-from _lab_helpers import drawn_random, qwen3_8b_pass_costs
+from _lab_helpers import drawn_random, forbidden, qwen3_8b_pass_costs
+
+RULE = "08_stop_speculating: the lab asks you to write the batched roofline yourself"
 
 
 def test_stop_speculating(lab):
     rng, costs = drawn_random(), qwen3_8b_pass_costs()
+    import teaching  # the notebook's own batched roofline: what the student rebuilds
+    with forbidden(lab, RULE, {teaching: ["batched_pass_ms"]}):
+        lab.batched_pass_ms(costs.target, costs.H200, 2, 16)  # refused if the module holds or names it
     for gpu in (costs.H100, costs.H200):
         memory = dataclasses.replace(gpu, flops=math.inf)  # reading alone
         compute = dataclasses.replace(gpu, bandwidth=math.inf)  # computing alone
