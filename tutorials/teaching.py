@@ -112,6 +112,14 @@ class PassCost:
         return 1e3 * max(self.bytes_read(tokens, context) / gpu.bandwidth, self.flops(tokens, context) / gpu.flops)
 
 
+def batched_pass_ms(cost: PassCost, gpu: Accelerator, batch: int, tokens: int) -> float:
+    """The roofline time (ms) of one pass over `tokens` new tokens for each of `batch` sequences at once
+    (notebook 8, section 5, "When to stop speculating"; lab 08_stop_speculating rebuilds it)."""
+    shared = BYTES_PER_NUMBER * (cost.matmul_weights + cost.other_weights)  # read once for the whole batch
+    own = cost.bytes_read(tokens) - shared  # each sequence: its KV cache and its embedding rows
+    return 1e3 * max((shared + batch * own) / gpu.bandwidth, batch * cost.flops(tokens) / gpu.flops)
+
+
 def qwen3_8b_pass() -> PassCost:
     """The pass of Qwen3-8B (the defaults of `Qwen3Config`), counted on the `meta` device: no memory used."""
     from dflash.qwen3 import Qwen3, Qwen3Config

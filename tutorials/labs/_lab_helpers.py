@@ -8,9 +8,11 @@ student's function runs.
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import os
+import random
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -40,6 +42,23 @@ def short_name(lab: Path) -> str:
     return lab.name.split("_", 1)[1]
 
 
+def drawn_seed() -> int:
+    """The seed a grader draws its inputs from: a new one at every run, so that no answer can be written
+    down from one run's messages; DFLASH_LABS_SEED fixes it, to replay a run."""
+    fixed = os.environ.get("DFLASH_LABS_SEED")
+    return int(fixed) if fixed else int.from_bytes(os.urandom(4), "little")
+
+
+def drawn_generator() -> torch.Generator:
+    """A torch generator seeded by `drawn_seed`: the inputs of one grading."""
+    return torch.Generator().manual_seed(drawn_seed())
+
+
+def drawn_random() -> random.Random:
+    """A Python random source seeded by `drawn_seed`."""
+    return random.Random(drawn_seed())
+
+
 class RuleBroken(AssertionError):
     """The student's function called something its lab forbids."""
 
@@ -61,6 +80,39 @@ def switched_off(rule: str, places: dict[object, Sequence[str]]):
             for name in names:
                 label = f"{getattr(owner, '__name__', owner)}.{name}"
                 stack.enter_context(mock.patch.object(owner, name, forbidden(label)))
+        yield
+
+
+def names_in_source(module) -> set[str]:
+    """Every name and attribute the module's source mentions, imported names included (`from torch import
+    repeat_interleave as r` mentions `repeat_interleave`)."""
+    names = set()
+    for node in ast.walk(ast.parse(Path(module.__file__).read_text())):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, ast.alias):
+            names.add(node.name.rsplit(".", 1)[-1])
+    return names
+
+
+@contextlib.contextmanager
+def forbidden(lab, rule: str, places: dict[object, Sequence[str]]):
+    """`switched_off`, made whole: what a lab forbids is refused however the student's module reached it.
+    Before anything runs, the module's source may not name a forbidden function, nor its globals hold one
+    (an import by name, an alias); then, while the block runs, every call of one fails.
+    """
+    names = {name for owner_names in places.values() for name in owner_names}
+    objects = {id(getattr(owner, name)) for owner, owner_names in places.items() for name in owner_names
+               if hasattr(owner, name)}
+    held = sorted(key for key, value in vars(lab).items() if id(value) in objects)
+    if held:
+        raise RuleBroken(f"{rule}: your module holds {held[0]}, which this lab forbids")
+    named = sorted(names & names_in_source(lab))
+    if named:
+        raise RuleBroken(f"{rule}: your code uses {named[0]}, which this lab forbids")
+    with switched_off(rule, places):
         yield
 
 
@@ -94,9 +146,18 @@ class DemoPair:
     @functools.cache
     def prompts(self, count: int) -> list[tuple[list[int], list[int] | None]]:
         """The first `count` held-out problems as (ids, first-token choices), through the chat template."""
-        from dflash.prompts import encode_for_generation, read_prompts
-        problems = read_prompts(WEIGHTS / "heldout_problems.jsonl")[:count]
-        return [encode_for_generation(problem, self.tokenizer) for problem in problems]
+        from dflash.prompts import encode_for_generation
+        return [encode_for_generation(problem, self.tokenizer) for problem in self.problems[:count]]
+
+    @functools.cached_property
+    def problems(self) -> list:
+        from dflash.prompts import read_prompts
+        return read_prompts(WEIGHTS / "heldout_problems.jsonl")
+
+    def drawn_prompt(self, rng: random.Random) -> list[int]:
+        """One held-out problem drawn at run time, through the chat template: its ids."""
+        from dflash.prompts import encode_for_generation
+        return encode_for_generation(rng.choice(self.problems), self.tokenizer)[0]
 
     @functools.cached_property
     def plain_answers(self) -> list[list[int]]:
@@ -165,8 +226,8 @@ def qwen3_8b_counts(context: int = 2048):
     return types.SimpleNamespace(bytes_read=bytes_read, flops=flops, context=context)
 
 
-def tiny_experiment():
-    """Notebook 2's section 4: a tiny target over 8 tokens, a stand-in drafter, and `GreedyGuessRunner`, whose
+def tiny_experiment(seed: int = 0):
+    """Notebook 2's section 4 (its target drawn with `seed`; the notebook's is 0): a tiny target over 8 tokens, a stand-in drafter, and `GreedyGuessRunner`, whose
     drafts are the target's greedy continuation of the committed text (`committed`, kept up to date by the loop's
     `on_token`). `next_probabilities(prefixes)` gives the target's exact next-token law after PROMPT + each prefix."""
     import types
@@ -178,7 +239,7 @@ def tiny_experiment():
     vocab, prompt, temperature = 8, [1, 5, 2, 6], 1.0
     small = Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                         num_attention_heads=2, num_key_value_heads=1, head_dim=16)
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     target = Qwen3(small).eval()
     with torch.no_grad():
         target.lm_head.weight.mul_(4)  # sharper distributions, as in the notebook
@@ -269,6 +330,27 @@ def random_step(generator: torch.Generator, depth: int, width: int, vocab: int =
     first, as a drafter's top-k; for checks that need no model."""
     logprobs = torch.randn(depth, vocab, generator=generator).mul(3).log_softmax(-1).topk(width, dim=-1)
     return int(torch.randint(vocab, (1,), generator=generator)), logprobs.values.tolist(), logprobs.indices.tolist()
+
+
+def qwen3_8b_pass_costs():
+    """Notebook 8's section 5, as its costs: `target` and `drafter` (teaching.PassCost of Qwen3-8B and its
+    5-layer DFlash drafter, which borrows the target's LM head), and the GPUs `H100` and `H200`."""
+    import types
+
+    if str(LABS.parent) not in sys.path:
+        sys.path.insert(0, str(LABS.parent))  # tutorials/teaching.py
+    import teaching
+    from dflash.drafter import Drafter, DrafterConfig, default_target_layer_ids
+    from dflash.qwen3 import Qwen3, Qwen3Config
+
+    big = Qwen3Config()  # Qwen3-8B
+    with torch.device("meta"):  # shapes only, no memory
+        target = Qwen3(big)
+        drafter = Drafter(DrafterConfig(Qwen3Config(num_hidden_layers=5), block_size=16, num_target_layers=36,
+                                        mask_token_id=big.vocab_size, target_layer_ids=default_target_layer_ids(36, 5)))
+    return types.SimpleNamespace(
+        target=teaching.PassCost.of(target, big), H100=teaching.H100, H200=teaching.H200,
+        drafter=teaching.PassCost.of(drafter, drafter.config.layers, borrowed_matmul=target.lm_head.weight.numel()))
 
 
 def gpu_speedup_model():

@@ -1,7 +1,7 @@
 """The labs' switch and shared fixtures.
 
 - `lab`: the module a grader grades, loaded by path from the grader's own folder: `starter.py`
-  (what the student edits), or `solution.py` when DFLASH_LABS=solutions.
+  (what the student edits), or the reference answer beside it when DFLASH_LABS=solutions.
 - `demo`: the demo pair, one per session, loaded on first use.
 - A starter function that still raises NotImplementedError fails its lab with one line naming
   the file to edit, and a failed check with its message alone, not a traceback (`--tb=long` shows it).
@@ -48,7 +48,7 @@ def unwritten_function(error: BaseException):
         traceback = traceback.tb_next
     code = traceback.tb_frame.f_code
     path = Path(code.co_filename).resolve()
-    if path.parent.parent == LABS and path.name in ("starter.py", "solution.py"):
+    if path.parent.parent == LABS and path.stem in ("starter", "solution"):
         return path, code.co_qualname
     return None
 

@@ -1,4 +1,4 @@
-"""Lab 01_gqa (notebook 1, section 4; about 15 minutes): grouped-query attention without copying keys or values.
+"""Lab 01_gqa (notebook 1, section 4): grouped-query attention without copying keys or values.
 
 Write the function below, then grade it: python -m pytest tutorials/labs -k gqa
 """

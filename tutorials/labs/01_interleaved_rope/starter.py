@@ -1,4 +1,4 @@
-"""Lab 01_interleaved_rope (notebook 1, section 3; about 15 minutes): interleaved (GPT-J) RoPE.
+"""Lab 01_interleaved_rope (notebook 1, section 3): interleaved (GPT-J) RoPE.
 
 Write the function below, then grade it: python -m pytest tutorials/labs -k interleaved_rope
 Then, in notebook 1, swap it into the model and see whether a split-half checkpoint notices.

@@ -4,6 +4,7 @@ the original order, must give the student's result. Then: a rotation, and not th
 
 import torch
 
+from _lab_helpers import drawn_generator
 from dflash.qwen3 import RotaryEmbedding, apply_rope
 
 HEAD_DIM = 64
@@ -17,9 +18,10 @@ def by_reordering(x, cos, sin):
 
 
 def test_interleaved_rope(lab):
-    torch.manual_seed(0)
-    x = torch.randn(1, 2, 5, HEAD_DIM)  # (batch, heads, seq, head_dim)
-    cos, sin = RotaryEmbedding(HEAD_DIM, 1e6)(torch.tensor([0, 1, 7, 100, 2048]), x.dtype)  # (seq, head_dim) each
+    generator = drawn_generator()
+    x = torch.randn(1, 2, 5, HEAD_DIM, generator=generator)  # (batch, heads, seq, head_dim)
+    positions = torch.randint(0, 4096, (5,), generator=generator)  # (seq,): drawn at run time
+    cos, sin = RotaryEmbedding(HEAD_DIM, 1e6)(positions, x.dtype)  # (seq, head_dim) each
     mine = lab.interleaved_rope(x, cos, sin)
     assert torch.allclose(mine.norm(dim=-1), x.norm(dim=-1), atol=1e-4), "01_interleaved_rope: a rotation keeps lengths"
     assert not torch.allclose(mine, apply_rope(x, cos, sin)), "01_interleaved_rope: this is the split-half pairing"

@@ -1,4 +1,4 @@
-"""Lab 01_rope (notebook 1, section 3; about 10 minutes): split-half RoPE from the formula.
+"""Lab 01_rope (notebook 1, section 3): split-half RoPE from the formula.
 
 Write the function below, then grade it: python -m pytest tutorials/labs -k rope
 """

@@ -7,10 +7,10 @@ from unittest import mock
 import torch
 
 import dflash.qwen3
-from _lab_helpers import dflash_loop
+from _lab_helpers import dflash_loop, drawn_generator
 from dflash.qwen3 import RotaryEmbedding, apply_rope
 
-HEAD_DIM, THETA = 64, 1e6
+THETAS = (1e4, 1e6)
 
 
 def positions_as_rope(self, positions, dtype):
@@ -20,28 +20,33 @@ def positions_as_rope(self, positions, dtype):
     return column, torch.full_like(column, self.theta)
 
 
+@contextlib.contextmanager
 def plugged_in(my_rope):
-    """The model with `my_rope` doing every rotation, angles included."""
+    """The model with `my_rope` doing every rotation, angles included: from the moment the block is entered,
+    not before (the plain loop's tokens are computed first, with the project's RoPE)."""
     def rotate(x, positions, theta):  # x (batch, heads, seq, head_dim); positions, theta (seq, 1)
         assert positions.dim() == 2, "the demo runs one sequence: positions (seq,)"
         return my_rope(x, positions[:, 0], theta[0, 0].item())
 
-    stack = contextlib.ExitStack()
-    stack.enter_context(mock.patch.object(RotaryEmbedding, "forward", positions_as_rope))
-    stack.enter_context(mock.patch.object(dflash.qwen3, "apply_rope", rotate))
-    return stack
+    with mock.patch.object(RotaryEmbedding, "forward", positions_as_rope), \
+            mock.patch.object(dflash.qwen3, "apply_rope", rotate):
+        yield
 
 
 def test_rope(lab, demo):
-    torch.manual_seed(0)
-    x = torch.randn(1, 4, 9, HEAD_DIM)  # (batch, heads, seq, head_dim)
-    for at in (torch.arange(9), torch.arange(100, 109), torch.tensor([0, 3, 3, 50, 51, 700, 701, 999, 1000])):
-        cos, sin = RotaryEmbedding(HEAD_DIM, THETA)(at, x.dtype)  # (seq, head_dim) each
-        assert torch.allclose(lab.my_rope(x, at, THETA), apply_rope(x, cos, sin), atol=1e-4), \
-            f"01_rope: differs from RotaryEmbedding + apply_rope at positions {at.tolist()}"
-    q, k = torch.randn(2, 1, 1, 1, HEAD_DIM).unbind(0)  # (1, 1, 1, head_dim) each
-    dots = [(lab.my_rope(q, torch.tensor([m]), THETA) * lab.my_rope(k, torch.tensor([m - 3]), THETA)).sum().item()
-            for m in (3, 50, 700)]
-    assert max(dots) - min(dots) < 1e-3, f"01_rope: q . k should depend only on the offset (3 here), got {dots}"
+    generator = drawn_generator()
+    for head_dim, theta in ((64, 1e6), (32, 1e4), (128, 1e6)):
+        seq = int(torch.randint(3, 12, (1,), generator=generator))
+        x = torch.randn(1, 4, seq, head_dim, generator=generator)  # (batch, heads, seq, head_dim)
+        start = torch.randint(0, 1024, (seq,), generator=generator).sort().values  # (seq,): positions drawn
+        for at in (torch.arange(seq), start):
+            cos, sin = RotaryEmbedding(head_dim, theta)(at, x.dtype)  # (seq, head_dim) each
+            assert torch.allclose(lab.my_rope(x, at, theta), apply_rope(x, cos, sin), atol=5e-4), \
+                f"01_rope: differs from RotaryEmbedding + apply_rope at positions {at.tolist()}, theta {theta:g}"
+    offset = int(torch.randint(1, 9, (1,), generator=generator))
+    q, k = torch.randn(2, 1, 1, 1, 64, generator=generator).unbind(0)  # (1, 1, 1, head_dim) each
+    dots = [(lab.my_rope(q, torch.tensor([m]), 1e6) * lab.my_rope(k, torch.tensor([m - offset]), 1e6)).sum().item()
+            for m in (offset, 50, 700)]
+    assert max(dots) - min(dots) < 1e-3, f"01_rope: q . k should depend only on the offset ({offset} here)"
     demo.assert_plugged_in_matches(plugged_in(lab.my_rope), dflash_loop(demo),
                                    "01_rope: with your RoPE in every attention layer")

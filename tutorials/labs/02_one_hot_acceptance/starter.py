@@ -1,4 +1,4 @@
-"""Lab 02_one_hot_acceptance (notebook 2, section 4; about 20 minutes): the probability that the first step keeps
+"""Lab 02_one_hot_acceptance (notebook 2, section 4): the probability that the first step keeps
 its one-hot first draft, predicted from the target's exact probabilities and measured by running the loop.
 
 Write the function below, then grade it: python -m pytest tutorials/labs -k one_hot_acceptance
@@ -17,9 +17,10 @@ def first_draft_kept(tiny, samples: int) -> tuple[float, float]:
     must keep up to date) and `next_probabilities(prefixes)`: the target's exact next-token law after
     prompt + each prefix, (len(prefixes), vocab).
 
-    Predicted: the first step drafts argmax p(. | prompt, t1) and keeps it when the target's own sample t2
-    equals it, so it is kept with probability sum_a p(a | prompt) max_b p(b | prompt, a).
+    Predicted: from the target's exact laws alone (no sampling): the first step drafts after the prefill's
+    token t1, and keeps its first draft when the target's own next sample equals it. Which t1 can occur,
+    and what is the chance of a match after each?
     Measured: run generate_dflash (3 new tokens, temperature tiny.temperature, a torch.Generator seeded 0,
-    runner=GreedyGuessRunner(...)) `samples` times; count the runs with acceptance_lengths[0] >= 2.
+    runner=GreedyGuessRunner(...)) `samples` times, and count the runs whose first step kept its first draft.
     """
     raise NotImplementedError

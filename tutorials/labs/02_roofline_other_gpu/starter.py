@@ -1,4 +1,4 @@
-"""Lab 02_roofline_other_gpu (notebook 2, section 1; about 15 minutes): the roofline time of a Qwen3-8B pass
+"""Lab 02_roofline_other_gpu (notebook 2, section 1): the roofline time of a Qwen3-8B pass
 on another GPU, and how many tokens a verify pass checks "for free" there.
 
 Write the two functions below, then grade them: python -m pytest tutorials/labs -k roofline_other_gpu

@@ -1,4 +1,4 @@
-"""Lab 02_tau_past_the_end (notebook 2, section 2; about 10 minutes): how many tokens tau counts past the end.
+"""Lab 02_tau_past_the_end (notebook 2, section 2): how many tokens tau counts past the end.
 
 Write the function below, then grade it: python -m pytest tutorials/labs -k tau_past_the_end
 """

@@ -1,4 +1,4 @@
-"""Lab 03_one_layer (notebook 3, section 1; about 15 minutes): which of the target's layers does the drafter need?
+"""Lab 03_one_layer (notebook 3, section 1): which of the target's layers does the drafter need?
 
 Write the function below, then grade it: python -m pytest tutorials/labs -k one_layer
 """

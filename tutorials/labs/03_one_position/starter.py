@@ -1,4 +1,4 @@
-"""Lab 03_one_position (notebook 3, section 6; about 15 minutes): every mask slot at one position.
+"""Lab 03_one_position (notebook 3, section 6): every mask slot at one position.
 
 Write the function below, then grade it: python -m pytest tutorials/labs -k one_position
 """

@@ -5,10 +5,13 @@ from unittest import mock
 
 import torch
 
+from _lab_helpers import drawn_random
 from dflash.drafter import Drafter
 
 
-def test_one_position(lab, demo):
+def graded_once(lab, demo, prompt_ids: list[int]) -> bool:
+    """Grade one prompt; True when the slots' guesses could be told from slot 0's (a guess read one slot off
+    shows only then)."""
     calls = []
     forward = Drafter.forward
 
@@ -17,7 +20,6 @@ def test_one_position(lab, demo):
         calls.append((context_features, block_embeddings, context_positions, block_positions, out))
         return out
 
-    prompt_ids = demo.prompts(1)[0][0]
     n, block = len(prompt_ids), demo.block
     with mock.patch.object(Drafter, "forward", watched):
         guesses = lab.guesses_at_one_position(demo, prompt_ids)
@@ -27,10 +29,19 @@ def test_one_position(lab, demo):
                     f"{[call[3].tolist() for call in calls]}; slot 0 at n = {n}, every mask slot at n + 1")
     features, embedded, context_positions, block_positions, out = at_one[-1]
     assert context_positions.tolist() == list(range(n)), "03_one_position: the context sits at 0..n-1"
-    assert list(guesses) == demo.target.logits(out[0, 1:]).argmax(-1).tolist(), \
+    read = demo.target.logits(out[0]).argmax(-1).tolist()  # (block,): every slot's guess in that call
+    assert list(guesses) == read[1:], \
         "03_one_position: the guesses are the argmax of target.logits over the mask slots' outputs"
     assert len(guesses) == block - 1 and len(set(guesses)) == 1, \
         f"03_one_position: slots that share a position share every vector: one guess for all, got {guesses}"
     own = demo.drafter(features, embedded, context_positions, n + torch.arange(block))  # at their own positions
     assert len(set(demo.target.logits(own[0, 1:]).argmax(-1).tolist())) > 1, \
         "03_one_position: at their own positions the slots should guess different tokens"
+    return read[0] != read[1]
+
+
+def test_one_position(lab, demo):
+    rng = drawn_random()
+    for _ in range(8):  # held-out problems drawn at run time, until one tells slot 0 from the mask slots
+        if graded_once(lab, demo, demo.drawn_prompt(rng)):
+            break

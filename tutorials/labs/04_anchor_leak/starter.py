@@ -1,4 +1,4 @@
-"""Lab 04_anchor_leak (notebook 4, section 3; about 20 minutes): an attention pattern that lets a training block
+"""Lab 04_anchor_leak (notebook 4, section 3): an attention pattern that lets a training block
 see past its anchor. Notebook 4 then trains with it and measures what each leak does.
 
 Write the function below, then grade it: python -m pytest tutorials/labs -k anchor_leak

@@ -4,21 +4,23 @@ it where it is (a view)."""
 
 import torch
 
+from _lab_helpers import drawn_generator
+
 BLOCK = 16
 
 
 def test_concat_cache(lab):
-    generator = torch.Generator().manual_seed(0)
+    generator = drawn_generator()
     start = torch.randn(1, 2, 8, 64, generator=generator)  # (1, kv heads, 8 positions, head_dim)
     cache, kept = lab.ConcatCache(start), [start]  # kept: the positions the cache should hold, chunk by chunk
-    for keep in (3, 16, 1, 7):  # the accepted part of each step's block
+    for keep in torch.randint(1, BLOCK + 1, (5,), generator=generator).tolist():  # each step's accepted part
         block = torch.randn(1, 2, BLOCK, 64, generator=generator)
         before = cache.keys
         cache.append(block)
         grown = cache.keys
         length = sum(chunk.shape[2] for chunk in kept)
         assert grown.shape == (1, 2, length + BLOCK, 64), \
-            f"05_concat_cache: after an append the keys are {tuple(grown.shape)}, expected {(1, 2, length + BLOCK, 64)}"
+            f"05_concat_cache: after appending a block of {BLOCK} positions the keys are {tuple(grown.shape)}"
         assert grown.data_ptr() != before.data_ptr(), "05_concat_cache: torch.cat makes a new tensor: the cache moves"
         cache.crop(length + keep)
         assert cache.keys.data_ptr() == grown.data_ptr(), \

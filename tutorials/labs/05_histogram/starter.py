@@ -1,4 +1,4 @@
-"""Lab 05_histogram (notebook 5, section 3; about 10 minutes): tau and the per-slot acceptance from the
+"""Lab 05_histogram (notebook 5, section 3): tau and the per-slot acceptance from the
 acceptance histogram alone.
 
 Write the two functions below, then grade them: python -m pytest tutorials/labs -k histogram
@@ -11,8 +11,7 @@ def tau_from_histogram(histogram: list[int]) -> float:
 
 
 def per_slot_from_histogram(histogram: list[int]) -> list[float | None]:
-    """For draft slots k = 1 .. B-1 (B = len(histogram)): kept / reached, None where no step reached slot k.
-
-    A step of length L reached slot k when L >= k, and kept it when L > k.
+    """For draft slots k = 1 .. B-1 (B = len(histogram)): the share of the steps that reached slot k which
+    kept its draft; None where no step reached slot k. Which step lengths reach a slot, and which keep it?
     """
     raise NotImplementedError

@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from _lab_helpers import drawn_generator
 from dflash.results import Generation, acceptance_histogram, per_position_acceptance
 
 
@@ -16,16 +17,17 @@ def random_lengths(generator: torch.Generator, block: int) -> list[int]:
 
 
 def test_histogram(lab):
-    generator = torch.Generator().manual_seed(0)
+    generator = drawn_generator()
     for trial in range(200):
         block = (4, 8, 16)[trial % 3]
         lengths = random_lengths(generator, block)
         histogram = acceptance_histogram(lengths, block)
         tau = lab.tau_from_histogram(list(histogram))
         assert math.isclose(tau, Generation([], lengths, 0.0).mean_acceptance, rel_tol=1e-12), \
-            f"05_histogram: tau {tau} from {histogram}, but the steps' mean length is another"
+            f"05_histogram: tau {tau} from {list(histogram)} is not the steps' mean length"
         mine, expected = lab.per_slot_from_histogram(list(histogram)), per_position_acceptance(lengths, block)
         assert len(mine) == block - 1, f"05_histogram: one rate per draft slot 1..{block - 1}, got {len(mine)}"
         for slot, (a, b) in enumerate(zip(mine, expected), start=1):
-            assert (a is None) == (b is None) and (b is None or math.isclose(a, b, rel_tol=1e-12)), \
-                f"05_histogram: slot {slot} of {histogram}: {a}, but the steps say {b}"
+            assert (a is None) == (b is None) and (b is None or math.isclose(a, b, rel_tol=1e-12)), (
+                f"05_histogram: slot {slot} of {list(histogram)}: {a} is not the share of the steps reaching slot "
+                f"{slot} that kept it{' (no step reached it)' if b is None else ''}")

@@ -2,10 +2,8 @@
 after each step, every compiled graph must be one step (the position baked in as a constant, no position
 input), and each step must have added one, since each step's position is new."""
 
-from _lab_helpers import ROOT
+from _lab_helpers import ROOT, drawn_seed
 from dflash.qwen3 import Qwen3
-
-STEPS = 3
 
 
 class RecordingBackend:
@@ -26,8 +24,9 @@ class RecordingBackend:
 def test_int_positions(lab):
     backend = RecordingBackend()
     small = Qwen3.from_pretrained(ROOT / "tests/fixtures/qwen3-tiny")  # 4 layers: each graph traces in a second
-    counts = lab.graphs_with_int_positions(small, backend, STEPS)
-    assert len(counts) == STEPS, f"05_int_positions: one count per step, {len(counts)} for {STEPS} steps"
+    steps = 2 + drawn_seed() % 3  # drawn at run time
+    counts = lab.graphs_with_int_positions(small, backend, steps)
+    assert len(counts) == steps, f"05_int_positions: one count per step, {len(counts)} for {steps} steps"
     assert counts[-1] == backend.graphs, "05_int_positions: return counter.graphs after each step"
     assert all(shape != (1,) for graph in backend.inputs for shape in graph if len(shape) == 1), \
         "05_int_positions: a graph took a (1,) positions tensor: pass the position as a Python int"

@@ -1,5 +1,5 @@
-"""Lab 06_sampled_rule (notebook 6, section 7; about 20 minutes): the sampled-draft rule commits exactly the
-target's law; when it keeps more drafts than greedy drafts do.
+"""Lab 06_sampled_rule (notebook 6, section 7): where the sampled-draft rule's committed tokens come from,
+and when it keeps more drafts than greedy drafts do.
 
 Write the two functions below, then grade them: python -m pytest tutorials/labs -k sampled_rule
 """
@@ -7,10 +7,13 @@ Write the two functions below, then grade them: python -m pytest tutorials/labs 
 import torch  # noqa: F401
 
 
-def committed_law(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """The exact probability (vocab,) that the sampled rule commits each token at one slot; p (target) and
-    q (drafter), (vocab,) each. The rule: draw d ~ q; keep it with probability min(1, p(d) / q(d)); else
-    commit a draw from the residual max(0, p - q), normalised. Compute the law, do not sample it.
+def committed_parts(p: torch.Tensor, q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(kept, replaced), (vocab,) each: the exact probability that one slot commits token x *as its kept
+    draft* (kept[x]), and as the target's replacement after the draft was rejected (replaced[x]).
+
+    p (target) and q (drafter) are (vocab,) laws. The sampled rule: draw d ~ q; keep it with probability
+    min(1, p(d) / q(d)); else commit a draw from the residual max(0, p - q), normalised. Compute the two
+    parts exactly, do not sample them. Then show, on paper, what kept + replaced is, and why.
     """
     raise NotImplementedError
 

@@ -1,46 +1,57 @@
 """Grades lab 06_sampled_rule against the library's own rule, simulated: `dflash.sampling.verdicts` judges many
-independent slots (drafts drawn from q, or q's argmax for greedy drafts), and the committed tokens' frequencies
-and the share of drafts kept must match the student's exact law and keep probabilities."""
+independent slots (drafts drawn from q, or q's argmax for greedy drafts), on laws drawn at run time. How often
+each token is committed as a kept draft, and as a replacement, must match the student's exact parts, and the
+share of drafts kept the student's keep probabilities."""
 
 import torch
 
+from _lab_helpers import drawn_generator
 from dflash.sampling import verdicts
 
 SLOTS = 200_000
-PAIRS = [([0.9, 0.05, 0.05], [0.5, 0.3, 0.2]), ([0.4, 0.3, 0.3], [0.4, 0.3, 0.3]),
-         ([0.5, 0.3, 0.15, 0.05], [0.1, 0.2, 0.3, 0.4]), ([0.2, 0.0, 0.8], [0.6, 0.4, 0.0])]
+TOLERANCE = 5 * (0.25 / SLOTS) ** 0.5  # five standard deviations of a share at its widest
+
+
+def drawn_laws(generator: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(p, q) pairs of varied sharpness over 3 to 8 tokens, some with tokens one of them never draws."""
+    pairs = []
+    for sharpness in (1, 3, 3, 6):
+        vocab = int(torch.randint(3, 9, (1,), generator=generator))
+        p, q = (torch.rand(vocab, dtype=torch.float64, generator=generator) ** sharpness for _ in range(2))
+        if sharpness == 6:
+            p[0], q[1] = 0.0, 0.0
+        pairs.append((p / p.sum(), q / q.sum()))
+    return pairs
 
 
 def simulate(p: torch.Tensor, q: torch.Tensor, generator: torch.Generator):
-    """(committed tokens' frequencies, share kept by sampled drafts, share kept by greedy drafts) over SLOTS slots."""
+    """(kept drafts' frequencies, replacements' frequencies, share kept by greedy drafts) over SLOTS slots."""
     p_slots, q_slots = p.expand(SLOTS, len(p)), q.expand(SLOTS, len(q))  # (SLOTS, vocab) each
     drafts = torch.multinomial(q, SLOTS, replacement=True, generator=generator)  # (SLOTS,)
     committed = verdicts(p_slots, drafts, q_slots, generator)  # (SLOTS,)
+    kept = committed == drafts  # (SLOTS,)
     greedy = q.argmax().expand(SLOTS)  # (SLOTS,)
     greedy_kept = (verdicts(p_slots, greedy, None, generator) == greedy).double().mean().item()
-    frequencies = torch.bincount(committed, minlength=len(p)).double() / SLOTS
-    return frequencies, (committed == drafts).double().mean().item(), greedy_kept
+
+    def frequencies(where):
+        return torch.bincount(committed[where], minlength=len(p)).double() / SLOTS  # (vocab,)
+    return frequencies(kept), frequencies(~kept), greedy_kept
 
 
 def test_sampled_rule(lab):
-    generator = torch.Generator().manual_seed(0)
-    for _ in range(100):  # random pairs of varied sharpness: the law must be p exactly
-        p, q = (torch.rand(10, dtype=torch.float64, generator=generator).softmax(0) ** 3 for _ in range(2))
-        p, q = p / p.sum(), q / q.sum()  # (10,) each
-        assert torch.allclose(lab.committed_law(p, q), p, atol=1e-12), \
-            "06_sampled_rule: the committed law should be the target's p"
-    tolerance = 5 * (0.25 / SLOTS) ** 0.5  # five standard deviations of a share at its widest
-    for p, q in PAIRS:
-        p, q = torch.tensor(p, dtype=torch.float64), torch.tensor(q, dtype=torch.float64)
-        frequencies, sampled, greedy = simulate(p, q, generator)
-        law = lab.committed_law(p, q)
-        assert (law - frequencies).abs().max() < tolerance, \
-            f"06_sampled_rule: for p {p.tolist()}, q {q.tolist()} your law {law.tolist()}; " \
-            f"verdicts commit {frequencies.tolist()}"
+    generator = drawn_generator()
+    for p, q in drawn_laws(generator):
+        kept, replaced, greedy = simulate(p, q, generator)
+        mine_kept, mine_replaced = lab.committed_parts(p, q)
+        for name, mine, seen in (("kept", mine_kept, kept), ("replaced", mine_replaced, replaced)):
+            assert mine.shape == p.shape, f"06_sampled_rule: {name} should be (vocab,), not {tuple(mine.shape)}"
+            token = int((mine - seen).abs().argmax())
+            assert (mine - seen).abs().max() < TOLERANCE, (
+                f"06_sampled_rule: {name}[{token}] is {mine[token].item():.4f} for a drawn pair of laws over "
+                f"{len(p)} tokens: more than five standard errors from how often verdicts commit token {token} "
+                f"that way")
         mine_greedy, mine_sampled = lab.keep_probabilities(p, q)
-        assert abs(mine_sampled - sampled) < tolerance, \
-            f"06_sampled_rule: sampled drafts kept {mine_sampled:.3f} for p {p.tolist()}, q {q.tolist()}; " \
-            f"verdicts keep {sampled:.3f}"
-        assert abs(mine_greedy - greedy) < tolerance, \
-            f"06_sampled_rule: greedy drafts kept {mine_greedy:.3f} for p {p.tolist()}, q {q.tolist()}; " \
-            f"verdicts keep {greedy:.3f}"
+        for rule, mine, seen in (("greedy", mine_greedy, greedy), ("sampled", mine_sampled, kept.sum().item())):
+            assert abs(mine - seen) < TOLERANCE, (
+                f"06_sampled_rule: {rule} drafts kept with probability {mine:.4f} for a drawn pair of laws over "
+                f"{len(p)} tokens: more than five standard errors from the share verdicts keeps")

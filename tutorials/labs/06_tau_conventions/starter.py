@@ -1,4 +1,5 @@
-"""Lab 06_tau_conventions (notebook 6, section 4; about 10 minutes): other tools' acceptance numbers as our tau.
+"""Lab 06_tau_conventions (notebook 6, section 4; a warm-up): other tools' acceptance numbers
+as our tau.
 
 Write the two functions below, then grade them: python -m pytest tutorials/labs -k tau_conventions
 """

@@ -1,4 +1,4 @@
-"""Lab 06_token_healing (notebook 6, section 2; about 15 minutes): token healing by hand.
+"""Lab 06_token_healing (notebook 6, section 2): token healing by hand.
 
 Write the function below, then grade it: python -m pytest tutorials/labs -k token_healing
 """

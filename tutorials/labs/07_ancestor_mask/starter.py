@@ -1,4 +1,4 @@
-"""Lab 07_ancestor_mask (notebook 7, section 3; about 10 minutes): the ancestor mask of a draft tree.
+"""Lab 07_ancestor_mask (notebook 7, section 3): the ancestor mask of a draft tree.
 
 Write the function below, then grade it: python -m pytest tutorials/labs -k ancestor_mask
 """

@@ -1,4 +1,4 @@
-"""Lab 07_best_first_tree (notebook 7, section 2; about 25 minutes): the best-first tree builder, with a heap.
+"""Lab 07_best_first_tree (notebook 7, section 2): the best-first tree builder, with a heap.
 
 Write the function below, then grade it: python -m pytest tutorials/labs -k best_first_tree
 """

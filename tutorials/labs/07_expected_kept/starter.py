@@ -1,4 +1,4 @@
-"""Lab 07_expected_kept (notebook 7, section 7; about 15 minutes): the drafts a tree keeps per step, on average,
+"""Lab 07_expected_kept (notebook 7, section 7): the drafts a tree keeps per step, on average,
 if the drafter's probabilities are right.
 
 Write the function below, then grade it: python -m pytest tutorials/labs -k expected_kept

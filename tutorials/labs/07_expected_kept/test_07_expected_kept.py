@@ -6,7 +6,7 @@ chain of as many nodes."""
 
 import torch
 
-from _lab_helpers import draft_steps, random_step
+from _lab_helpers import draft_steps, drawn_generator, random_step
 from dflash.tree import build_tree
 
 DRAWS, BUDGETS = 100_000, (4, 8, 16, 32)
@@ -28,7 +28,7 @@ def simulated_kept(tree, logprobs, candidates, generator) -> tuple[float, float]
 
 
 def test_expected_kept(lab, demo):
-    generator = torch.Generator().manual_seed(0)
+    generator = drawn_generator()
     steps = [random_step(generator, depth=15, width=32)]
     lab.expected_kept(build_tree(*steps[0], 4))  # a made-up step first: a starter fails before the model loads
     steps += draft_steps(demo, prompts=2, offsets=(0, 12))
@@ -38,8 +38,9 @@ def test_expected_kept(lab, demo):
             mine = lab.expected_kept(best_first)
             simulated, error = simulated_kept(best_first, logprobs, candidates, generator)
             assert abs(mine - simulated) < 5 * error + 1e-6, (
-                f"07_expected_kept: {mine:.4f} expected kept drafts for a tree of {budget}; drawing the truth from "
-                f"the drafter's law keeps {simulated:.4f} +- {error:.4f}")
+                f"07_expected_kept: {mine:.4f} expected kept drafts for a tree of {budget} is more than five "
+                f"standard errors {'above' if mine > simulated else 'below'} what drawing the truth from the "
+                f"drafter's law keeps")
             chain = build_tree(root, [row[:1] for row in logprobs[:budget]], [row[:1] for row in candidates[:budget]],
                                budget)  # one line of (at most) as many nodes
             assert mine >= lab.expected_kept(chain) - 1e-9, f"07_expected_kept: below the chain at budget {budget}"

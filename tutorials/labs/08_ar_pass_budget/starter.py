@@ -1,4 +1,4 @@
-"""Lab 08_ar_pass_budget (notebook 8, section 6; about 15 minutes): how cheap would an autoregressive drafter's
+"""Lab 08_ar_pass_budget (notebook 8, section 6): how cheap would an autoregressive drafter's
 passes have to be to match DFlash?
 
 Write the function below, then grade it: python -m pytest tutorials/labs -k ar_pass_budget

@@ -1,4 +1,4 @@
-"""Lab 08_speedup_by_hand (notebook 8, section 3; about 10 minutes): the speedup the passes-only cost model predicts.
+"""Lab 08_speedup_by_hand (notebook 8, section 3): the speedup the passes-only cost model predicts.
 
 Write the function below, then grade it: python -m pytest tutorials/labs -k speedup_by_hand
 """
