@@ -234,6 +234,7 @@ def tiny_experiment(seed: int = 0):
 
     from dflash.drafter import Drafter, DrafterConfig
     from dflash.qwen3 import Qwen3, Qwen3Config
+    from dflash.measure import certain_logits
     from generate import ModelRunner
 
     vocab, prompt, temperature = 8, [1, 5, 2, 6], 1.0
@@ -255,15 +256,16 @@ def tiny_experiment(seed: int = 0):
     class GreedyGuessRunner(ModelRunner):
         """Drafts the target's greedy continuation of the committed text (the drafter pass still runs)."""
 
-        committed: list
+        def __init__(self, *args, **kwargs):
+            self.committed = []  # the text so far, kept up to date by the loop's `on_token`
+            super().__init__(*args, **kwargs)
 
-        def draft(self, context_features, last_token, start):
-            super().draft(context_features, last_token, start)
+        def draft(self, features, last_token):
+            logits = super().draft(features, last_token)  # (block - 1, vocab): the real pass runs
             guess = list(self.committed)
             for _ in range(self.block_size - 1):
                 guess.append(greedy_next(tuple(guess)))
-            self.block_ids[0, 1:] = torch.tensor(guess[len(self.committed):])  # (block - 1,)
-            return self.block_ids[0, 1:]
+            return certain_logits(torch.tensor(guess[len(self.committed):]), logits.shape[-1])
 
     @torch.no_grad()
     def next_probabilities(prefixes):
@@ -320,7 +322,7 @@ def draft_steps(demo: DemoPair, prompts: int, offsets: Sequence[int], top_k: int
             runner = ModelRunner(demo.target, demo.drafter, max_length=len(context) + top_k + 1 + demo.block,
                                  tree_budget=top_k)
             root, features = runner.prefill(torch.tensor([context]), 0.0, None, choices if offset == 0 else None)
-            logprobs, candidates = runner.draft_tree(features, root, len(context))  # (block - 1, top_k) each
+            logprobs, candidates = runner.draft_tree(features, root)  # (block - 1, top_k) each
             steps.append((root, logprobs.tolist(), candidates.tolist()))
     return steps
 

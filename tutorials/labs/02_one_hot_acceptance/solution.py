@@ -14,7 +14,7 @@ def first_draft_kept(tiny, samples: int) -> tuple[float, float]:
     generator = torch.Generator().manual_seed(0)
     kept = 0
     for _ in range(samples):
-        runner.committed = list(tiny.prompt)
+        runner.committed[:] = tiny.prompt  # the runner's own list, refilled for each run
         result = generate_dflash(tiny.target, tiny.drafter, tiny.prompt, 3, temperature=tiny.temperature,
                                  generator=generator, runner=runner,
                                  on_token=lambda token, drafted: runner.committed.append(token))

@@ -1,0 +1,140 @@
+"""Grades lab 09_capstone: the student's speculative loop, on runners the grader builds, against the plain
+loop and against generate_dflash, on cases drawn at run time: the demo pair and a fixture pair, block sizes
+from 2 to 16, prompts of several lengths (random ids, and held-out problems stopping at a stop token).
+
+Every call the student's loop makes on the runner is recorded, and so are generate_dflash's on a runner
+of the same shape: a wrong step is named by what went wrong in it, without the value it should have had.
+The project's loops are switched off while the student's runs; every reference is computed before."""
+
+import torch
+
+import generate
+from _lab_helpers import ROOT, drawn_random, forbidden
+from dflash.drafter import Drafter
+from dflash.measure import Wrapped
+from dflash.qwen3 import Qwen3
+
+RULE = "09_capstone: the lab asks you to write the loop yourself, from the runner's methods"
+FORBIDDEN = {generate: ["generate_dflash", "generate_autoregressive", "generate_dflash_tree",
+                        "GenerationBuilder", "ready_runner"]}
+FIXTURES = ROOT / "tests" / "fixtures"
+
+
+class Recording(Wrapped):
+    """A runner whose calls are recorded, in order: ("draft", context rows, last), ("verify",),
+    ("commit", kept); the prefill opens the record."""
+
+    def __init__(self, runner):
+        super().__init__(runner)
+        self.calls = []
+
+    def prefill(self, *args, **options):
+        self.calls.append(("prefill",))
+        return self.runner.prefill(*args, **options)
+
+    def draft(self, features, last):
+        self.calls.append(("draft", features.shape[1], int(last)))
+        return self.runner.draft(features, last)
+
+    def verify(self, drafts):
+        self.calls.append(("verify",))
+        return self.runner.verify(drafts)
+
+    def commit(self, kept):
+        self.calls.append(("commit", int(kept)))
+        return self.runner.commit(kept)
+
+    def steps(self) -> list[list[tuple]]:
+        """The calls after the prefill, one list per step: a step opens with a draft."""
+        steps = []
+        for call in self.calls[1:]:
+            if call[0] == "draft" or not steps:
+                steps.append([])
+            steps[-1].append(call)
+        return steps
+
+
+def fresh_runner(target, drafter, block: int, prompt: list[int], new: int) -> Recording:
+    return Recording(generate.ModelRunner(target, drafter, block_size=block,
+                                          max_length=len(prompt) + new + block))
+
+
+def first_difference(mine: list, right: list) -> int:
+    return next((i for i, (a, b) in enumerate(zip(mine, right)) if a != b), min(len(mine), len(right)))
+
+
+def assert_steps_match(mine: Recording, right: Recording, case: str, finished: bool = True) -> None:
+    """Step by step, what the student's loop did against generate_dflash's: the first wrong call, named.
+    Of a loop that did not finish (it raised), the steps it took."""
+    assert mine.calls[:1] == [("prefill",)], f"09_capstone ({case}): the loop must open with runner.prefill"
+    for step, (calls, wanted) in enumerate(zip(mine.steps(), right.steps())):
+        kinds = [call[0] for call in calls]
+        if not finished and len(calls) < 3:
+            break  # the step it raised in
+        assert kinds == ["draft", "verify", "commit"], (
+            f"09_capstone ({case}): step {step} calls {', '.join(kinds)}; a step drafts, verifies, "
+            f"then commits once")
+        (_, rows, last), _, (_, kept) = calls
+        (_, right_rows, right_last), _, (_, right_kept) = wanted
+        assert rows == right_rows, (
+            f"09_capstone ({case}): step {step} drafts from the features of "
+            f"{'more' if rows > right_rows else 'fewer'} positions than the drafter has not seen yet: "
+            f"the prompt's after the prefill, then what the last commit returned")
+        assert last == right_last, (
+            f"09_capstone ({case}): step {step}'s block opens with a token other than the newest committed "
+            f"one (the prefill's token, then the target's own token after the accepted drafts)")
+        assert kept == right_kept, (
+            f"09_capstone ({case}): step {step} commits one position too {'many' if kept > right_kept else 'few'}"
+            f" (it keeps `last` and the drafts the target agrees with, up to the first it does not)"
+            if abs(kept - right_kept) == 1 else
+            f"09_capstone ({case}): step {step} commits {'more' if kept > right_kept else 'fewer'} positions "
+            f"than `last` and the drafts before the first the target disagrees with")
+    assert not finished or len(mine.steps()) == len(right.steps()), (
+        f"09_capstone ({case}): the loop takes {'more' if len(mine.steps()) > len(right.steps()) else 'fewer'}"
+        f" steps than it needs: it stops at the limit or after a stop token, no sooner")
+
+
+def test_capstone(lab, demo):
+    rng = drawn_random()
+    fixture_target = Qwen3.from_pretrained(FIXTURES / "qwen3-tiny-sharded")
+    pairs = {"the demo pair": (demo.target, demo.drafter),
+             "a fixture pair": (fixture_target, Drafter.from_pretrained(FIXTURES / "dflash-tiny",
+                                                                        target=fixture_target))}
+    cases = []  # (name, target, drafter, block, prompt, new, stop_ids)
+    for name, (target, drafter) in pairs.items():
+        for block in rng.sample(range(2, drafter.config.block_size + 1), 2):
+            length = rng.choice([1, rng.randint(2, 20), rng.randint(40, 120)])
+            prompt = [rng.randrange(target.config.vocab_size - 1) for _ in range(length)]
+            cases.append((f"{name}, block {block}, a {length}-token prompt", target, drafter, block,
+                          prompt, rng.randint(10, 50), ()))
+    problem = demo.drawn_prompt(rng)
+    cases.append((f"the demo pair, block 16, a held-out problem", demo.target, demo.drafter, 16, problem,
+                   96, tuple(demo.stop_ids)))
+    # Every reference before the student's code runs (and with the project's loops switched on).
+    references = []
+    for name, target, drafter, block, prompt, new, stops in cases:
+        plain = generate.generate_autoregressive(target, prompt, new, stop_ids=stops).new_ids
+        right = fresh_runner(target, drafter, block, prompt, new)
+        result = generate.generate_dflash(target, drafter, prompt, new, stop_ids=stops, runner=right)
+        references.append((plain, right, result))
+    mine_all = []
+    with forbidden(lab, RULE, FORBIDDEN):
+        for (name, target, drafter, block, prompt, new, stops), (_, right, _) in zip(cases, references):
+            mine = fresh_runner(target, drafter, block, prompt, new)
+            try:
+                new_ids, lengths = lab.my_generate_dflash(mine, prompt, new, stops)
+            except Exception:
+                assert_steps_match(mine, right, name, finished=False)  # names the wrong step, if one is
+                raise
+            mine_all.append((mine, list(new_ids), list(lengths)))
+    for (name, *_), (plain, right, result), (mine, new_ids, lengths) in zip(cases, references, mine_all):
+        assert_steps_match(mine, right, name)
+        assert new_ids == plain, (
+            f"09_capstone ({name}): your output leaves the plain loop's at new token "
+            f"{first_difference(new_ids, plain)} ({len(new_ids)} tokens written)")
+        assert lengths == result.acceptance_lengths, (
+            f"09_capstone ({name}): the acceptance lengths you return are not the tokens each step "
+            f"committed (the target's own token counts, and a step past the limit counts whole)")
+    taus = [sum(lengths) / len(lengths) for _, _, lengths in mine_all]
+    right_taus = [result.mean_acceptance for _, _, result in references]
+    assert taus == right_taus, "09_capstone: your loop's tau differs from generate_dflash's"
