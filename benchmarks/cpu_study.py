@@ -40,7 +40,6 @@ import os
 import re
 import sys
 import time
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
@@ -58,6 +57,7 @@ from dflash.cli import OneLineErrors, UsageError, check_output, checked  # noqa:
 from dflash.checkpoint import write_json_atomically  # noqa: E402
 from dflash.cli import positive_int, run_cli  # noqa: E402
 from dflash.drafter import Drafter, DrafterConfig, default_target_layer_ids  # noqa: E402
+from dflash.measure import Wrapped, certain_logits  # noqa: E402
 from dflash.qwen3 import Qwen3, Qwen3Config  # noqa: E402
 from gpu_check import PUBLISHED_TAU  # noqa: E402
 from pass_costs import fit_line, pass_calls, runner_at  # noqa: E402
@@ -175,31 +175,26 @@ def planned_acceptance(p: float, block_size: int) -> Iterator[int]:
             yield min(block_size - 1, int(math.log(u) / math.log(p)))
 
 
-@contextmanager
 def forced_drafts(runner: generate.ModelRunner, truth: Sequence[int], plan: Iterator[int]):
-    """Inside the `with`, `runner.draft` returns the target's own greedy tokens `truth` (prompt
+    """`runner`, wrapped so that its drafts are the target's own greedy tokens `truth` (prompt
     included) with one miss per step, after as many right guesses as `plan` says. The real draft
-    pass still runs, for its cost and to keep the drafter's cache in step. The runner's internals
-    touched: `runner.draft` (wrapped, replaced, put back), `runner.block_size` and
-    `runner.target.config.vocab_size` (read)."""
-    real_draft, vocab, block = runner.draft, runner.target.config.vocab_size, runner.block_size
-    known = torch.tensor(list(truth))
+    pass still runs, for its cost and to keep the drafter's cache in step; the runner itself is not
+    changed (`dflash.measure.Wrapped`)."""
+    vocab, block, known = runner.target.config.vocab_size, runner.block_size, torch.tensor(list(truth))
 
-    def draft(context_features, last_token: int, start: int) -> torch.Tensor:
-        real_draft(context_features, last_token, start)
-        guesses = torch.zeros(block - 1, dtype=torch.long)  # past the truth's end: any ids
-        part = known[start + 1:start + block]
-        guesses[:len(part)] = part
-        kept = next(plan)
-        if kept < block - 1:
-            guesses[kept] = (guesses[kept] + 1) % vocab  # the miss: any token but the target's
-        return guesses
+    class Forced(Wrapped):
+        def draft(self, features: torch.Tensor, last_token: int) -> torch.Tensor:
+            runner.draft(features, last_token)
+            start = runner.target_cache.length  # of `last_token`
+            guesses = torch.zeros(block - 1, dtype=torch.long)  # past the truth's end: any ids
+            part = known[start + 1:start + block]
+            guesses[:len(part)] = part
+            kept = next(plan)
+            if kept < block - 1:
+                guesses[kept] = (guesses[kept] + 1) % vocab  # the miss: any token but the target's
+            return certain_logits(guesses, vocab)  # (block - 1, vocab): argmax the guesses
 
-    runner.draft = draft
-    try:
-        yield
-    finally:
-        runner.draft = real_draft
+    return Forced(runner)
 
 
 # ------------------------------------------------------------------ measuring
@@ -235,8 +230,8 @@ def self_consistent_truth(target: Qwen3, drafter: Drafter, runners: dict, prompt
     plain, fast = runners["plain"], runners["dflash"]
     truth = prompt + generate.generate_autoregressive(target, prompt, limit, runner=plain).new_ids
     for run in range(1, tries + 1):
-        with forced_drafts(fast, truth, plan()):
-            output = generate.generate_dflash(target, drafter, prompt, limit, runner=fast).new_ids
+        forced = forced_drafts(fast, truth, plan())
+        output = generate.generate_dflash(target, drafter, prompt, limit, runner=forced).new_ids
         if prompt + output == truth:
             return truth, run, True
         truth = prompt + output
@@ -273,8 +268,8 @@ def time_loops(target: Qwen3, drafter: Drafter, context: int, new_tokens: int, b
         target, drafter, {"plain": plain_runner, "dflash": runner}, prompt, limit, plan)
 
     def dflash():
-        with forced_drafts(runner, truth, plan()):
-            return generate.generate_dflash(target, drafter, prompt, new_tokens, runner=runner)
+        forced = forced_drafts(runner, truth, plan())
+        return generate.generate_dflash(target, drafter, prompt, new_tokens, runner=forced)
 
     runs = {"prefill": lambda: plain_runner.prefill(prompt, 0.0, None),
             "plain": lambda: generate.generate_autoregressive(target, prompt, new_tokens,

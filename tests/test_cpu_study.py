@@ -69,15 +69,16 @@ def test_the_study_on_the_tiny_shape(tmp_path, capsys):
     assert row["predicted_speedup"] > 0 and row["measured_speedup"] > 0
 
 
-def test_forced_drafts_puts_the_runner_back():
+def test_forced_drafts_steer_a_wrapped_runner_and_leave_it_as_it_was():
     target, drafter = cpu_study.random_pair(cpu_study.SHAPES["tiny"], torch.float32, 4)
     runner = cpu_study.generate.ModelRunner(target, drafter, max_length=64, block_size=4)
-    real_draft, truth = runner.draft, list(range(10, 40))
-    with cpu_study.forced_drafts(runner, truth, iter([1])):
-        guesses = runner.draft(torch.zeros(1, 5, runner.features.shape[-1]), 14, 4)
-        assert guesses[0] == truth[5] and guesses[2] == truth[7]
-        assert guesses[1] != truth[6]  # the plan's one miss, after one right guess
-    assert runner.draft == real_draft
+    truth = list(range(10, 40))
+    runner.prefill(truth[:4], 0.0, None)  # the block opens at position 4, after the committed prompt
+    forced = cpu_study.forced_drafts(runner, truth, iter([1]))
+    guesses = forced.draft(torch.zeros(1, 4, runner.features.shape[-1]), 14).argmax(dim=-1)
+    assert guesses[0] == truth[5] and guesses[2] == truth[7]
+    assert guesses[1] != truth[6]  # the plan's one miss, after one right guess
+    assert "draft" not in vars(runner)  # the runner's own draft is untouched
 
 
 @pytest.mark.parametrize("argv", [["--shapes", "Qwen3-3B"], ["--dtype", "float16"],
