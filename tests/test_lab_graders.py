@@ -306,6 +306,26 @@ WRONG = {
         ("the draft pass left out", [replace("step = batched_pass_ms(costs.drafter, gpu, batch, 2 * block) + ",
                                              "step = ")]),
     ],
+    "09_capstone": [
+        ("commits the target's own token too", [replace("runner.commit(accepted + 1)", "runner.commit(accepted + 2)")]),
+        ("commits the accepted drafts without last", [replace("runner.commit(accepted + 1)", "runner.commit(accepted)")]),
+        ("every agreeing draft, not the agreeing prefix", [replace(
+            "        while accepted < block - 1 and drafts[accepted] == target_tokens[accepted]:\n"
+            "            accepted += 1",
+            "        accepted = sum(d == t for d, t in zip(drafts, target_tokens))")]),
+        ("the next block opens with the last draft", [replace(
+            "last = target_tokens[accepted]", "last = drafts[accepted - 1] if accepted else target_tokens[0]")]),
+        ("the project's loop called", [append("""
+            def my_generate_dflash(runner, prompt_ids, max_new_tokens, stop_ids=()):
+                import generate
+                result = generate.generate_dflash(runner.target, runner.drafter, prompt_ids, max_new_tokens,
+                                                  stop_ids=stop_ids, runner=runner)
+                return result.new_ids, result.acceptance_lengths
+            """)]),
+        ("the stop token not looked for", [replace(
+            "            if len(new_ids) == max_new_tokens or new_ids[-1] in stop_ids:",
+            "            if len(new_ids) == max_new_tokens:")]),
+    ],
     "08_ar_pass_budget": [
         ("block passes, not block - 1", [replace("room / (block - 1)", "room / block")]),
         ("the rest of the step forgotten", [replace(" - costs.rest  #", "  #")]),
