@@ -6,10 +6,8 @@
 - `generate_dflash_tree`: the draft pass grows a tree of guesses (`dflash/tree.py`); the target
   checks every node in one pass and the longest agreeing path is kept.
 
-Reading order: the passes, the `ModelRunner` that owns the caches and buffers they work on, the loops, the
-command line. The record a call returns, `Generation`, is in `dflash/results.py`; a tree's algorithm
-(build, ancestor mask, walk) in `dflash/tree.py`.
-"""
+Reading order: the passes, the `ModelRunner` that owns the caches and buffers they work on, the
+loops, the command line. `Generation`, the record a call returns, is in `dflash/results.py`."""
 
 from __future__ import annotations
 
@@ -35,19 +33,17 @@ from dflash.tokenizer import Printer, find_tokenizer, stop_token_ids
 from dflash.tree import DraftTree, build_tree, path_slots, verify_inputs, walk
 
 
-
 # ---------------------------------------------------------------- the passes
 
-# The passes after the prefill, as plain functions of the models, a cache and tensors, of shapes that do not
-# depend on where in the sequence they run. Each writes its chunk right after the cache's committed
-# length, commits nothing and returns logits: the runner chooses the tokens. Eagerly a pass reads the
-# committed keys and its chunk, under the cheapest mask that says so (none, or a causal bias). Compiled
-# (`cache.fixed_shape`) it reads a bucket of slots under a boolean position mask, through `reads`:
-# `masked` (SDPA), or `filled_blocks` (dflash/flex_reads.py) to visit only a long cache's filled blocks.
+# The passes after the prefill: functions of the models, a cache and tensors, shaped alike wherever
+# they run. Each writes its chunk after the cache's committed length, commits nothing and returns
+# logits (the runner picks tokens). Eagerly a pass reads the committed keys and its chunk under the
+# cheapest mask that says so (none, or a causal bias); compiled (`cache.fixed_shape`), a bucket of
+# slots under a position mask, through `reads`: `masked` (SDPA) or `filled_blocks` (FlexAttention).
 
 
 def decode_pass(target: Qwen3, cache: KVCache, token, position, *, reads=masked):
-    """The target's logits (1, vocab) after one token (1, 1) at `position` (1,): the plain loop's step."""
+    """The target's logits (1, vocab) after one token (1, 1) at `position` (1,): a plain step."""
     mask = causal_mask(position, cache.keys_to_read(1)) if cache.fixed_shape else None
     return target.logits(target(token, position, cache, attend=reads(mask))[0][0])
 
@@ -56,27 +52,26 @@ def verify_pass(target: Qwen3, cache: KVCache, ids, positions, layer_ids, *, rea
     """The target's logits after each token of a block (1, block) at `positions` (block,), and its
     features there (1, block, n_layers * hidden), for the next draft."""
     keys, block = cache.keys_to_read(ids.shape[1]), ids.shape[1]
-    # Eagerly the block reads the committed keys and itself, causally: query i sees keys up to
-    # the committed ones + i, a causal mask aligned to the lower right.
+    # Eagerly the block reads the committed keys and itself, causally: a lower-right causal mask.
     mask = causal_mask(positions, keys) if cache.fixed_shape else causal_lower_right(block, keys)
     hidden, features = target(ids, positions, cache, capture_layers=layer_ids, attend=reads(mask))
     return target.logits(hidden[0]), features  # (block, vocab), (1, block, F)
 
 
-def verify_tree_pass(target: Qwen3, cache: KVCache, ids, positions, *, slots, tree_mask, layer_ids,
-                     reads=masked):
-    """As `verify_pass`, for a draft tree's nodes (1, nodes): node i, written at cache slot `slots[i]`
-    at position `positions[i]`, sees the committed tokens, its ancestors and itself (`tree_mask`)."""
+def verify_tree_pass(target: Qwen3, cache: KVCache, ids, positions, *, slots, tree_mask,
+                     layer_ids, reads=masked):
+    """As `verify_pass`, for a draft tree's nodes (1, nodes): node i, at position `positions[i]`
+    in cache slot `slots[i]`, sees the committed tokens, its ancestors and itself (`tree_mask`)."""
     mask = tree_mask_over_cache(slots, tree_mask, cache.keys_to_read(ids.shape[1]))
     hidden, features = target(ids, positions, cache, capture_layers=layer_ids, attend=reads(mask),
                               slots=slots)
     return target.logits(hidden[0]), features  # (nodes, vocab), (1, nodes, F)
 
 
-def draft_pass(target: Qwen3, drafter: Drafter, cache: KVCache, features, block_ids, *, reads=masked,
-               context_positions, context_slots, block_positions):
-    """The drafter's logits (block - 1, vocab) for the block [last token, MASK, ...] (1, block), after
-    the context `features` (1, ctx, F) not yet in `cache`, in one pass."""
+def draft_pass(target: Qwen3, drafter: Drafter, cache: KVCache, features, block_ids, *,
+               reads=masked, context_positions, context_slots, block_positions):
+    """The drafter's logits (block - 1, vocab) for the block [last token, MASK, ...] (1, block),
+    after the context `features` (1, ctx, F) not yet in `cache`, in one pass."""
     chunk = features.shape[1] + block_ids.shape[1]
     # Eagerly the block reads exactly the cached context, the new context and itself: all of it.
     mask = cached_block_mask(cache, chunk, block_positions) if cache.fixed_shape else None
@@ -94,14 +89,9 @@ PASSES = {"decode": decode_pass, "verify": verify_pass, "verify_tree": verify_tr
 
 class ModelRunner:
     """The caches, the buffers and the passes of the loops, built once and reused across calls.
-
-    Each pass writes its chunk right after a cache's committed `length`. The loop commits what it
-    keeps in one call (`commit`, `commit_path`); the drafter's cache holds only committed tokens'
-    context, so it commits what it writes. Compiled, every output the loop keeps past the next pass
-    is copied into a buffer the runner owns: under CUDA graphs a pass may reuse the memory of the
-    last one's outputs. Once built, a runner is changed only by its own methods: a benchmark that
-    times or steers it wraps it (dflash/measure.py).
-    """
+    The loop commits what it keeps in one call (`commit`, `commit_path`); the drafter's cache holds
+    only committed tokens' context, so it commits what it writes. Compiled, every output kept past
+    the next pass is copied to a buffer the runner owns: CUDA graphs may reuse a pass's outputs."""
 
     def __init__(self, target: Qwen3, drafter: Drafter | None = None, *, max_length: int,
                  block_size: int | None = None, tree_budget: int = 0, tree_top_k: int | None = None,
@@ -110,12 +100,12 @@ class ModelRunner:
         self.target, self.drafter, self.max_length = target, drafter, max_length
         self.block_size = block = block_size or default_block_size(drafter)
         self.tree_budget = tree_budget  # drafted nodes per tree (0: chains only)
-        # A node's r-th child needs r - 1 siblings first: more candidates than the budget are never used.
-        # (1 grows a tree of single children, the chain: tests/test_tree.py checks the two agree.)
+        # A node's r-th child needs r - 1 siblings first: candidates past the budget are never used
+        # (1 grows a tree of single children, the chain: tests/test_tree.py checks the two agree).
         self.tree_top_k = min(tree_top_k or max(tree_budget, 1), target.config.vocab_size)
         weight = target.embed_tokens.weight
         self.target_cache = KVCache.for_layers(target.config, weight, max_length)
-        # The drafter's has `block` slots more: a compiled draft parks rejected context there (`draft`).
+        # The drafter's has `block` slots more: a compiled draft parks rejected context there.
         self.drafter_cache = (KVCache.for_layers(drafter.config.layers, weight, max_length + block)
                               if drafter is not None else None)
         self.layer_ids = tuple(drafter.config.target_layer_ids) if drafter is not None else ()
@@ -131,21 +121,22 @@ class ModelRunner:
         self.node_tokens = ids(nodes)  # the token the target picks after each node
         self.node_features = weight.new_zeros(1, nodes, width)  # and its features there
         self.compiled = compile
-        self.reads = filled_blocks if flex_attention else masked  # compiled reads: dflash/flex_reads.py
+        self.reads = filled_blocks if flex_attention else masked  # compiled reads: flex_reads.py
         if compile:
             for cache in self.caches():
-                for buffer in cache.keys + cache.values:  # never moved: CUDA graphs may write into them
+                for buffer in cache.keys + cache.values:  # never moved: CUDA graphs write into them
                     torch._dynamo.mark_static_address(buffer)
             self.shape = (block, tree_budget, max_length)  # what the passes' shapes follow
-            self.widest_chunk = 2 * block + tree_budget  # the most one pass writes: a draft's context and block
+            self.widest_chunk = 2 * block + tree_budget  # the most a pass writes: context + block
             self.compile_options = (backend, mode)
         self.built = True
 
     def __setattr__(self, name: str, value) -> None:
-        """A runner is not changed from outside once built: what a loop reads from it stays what its
+        """A built runner is not changed from outside: what a loop reads from it stays what its
         methods made it (a benchmark wraps it instead: dflash/measure.py)."""
         if getattr(self, "built", False):
-            raise AttributeError(f"a built ModelRunner's {name} cannot be set: wrap the runner instead")
+            raise AttributeError(f"a built ModelRunner's {name} cannot be set: "
+                                 "wrap the runner instead")
         super().__setattr__(name, value)
 
     def __delattr__(self, name: str) -> None:
@@ -156,28 +147,28 @@ class ModelRunner:
 
     def run(self, name: str, cache: KVCache, *args, eager: bool = False, **options):
         """Pass `name` on `cache`: eagerly, or compiled for the slots the cache reads: the bucket
-        (`keys_bucket`) that holds the committed slots and the widest chunk. The slot count is a shape,
-        so each bucket has its own compiled copy; the cache reads the bucket during this pass only."""
+        (`keys_bucket`) that holds the committed slots and the widest chunk. The slot count is a
+        shape, so each bucket has its own compiled copy; the cache reads it for this pass only."""
         if eager or not self.compiled:
             return PASSES[name](*args, **options)
         cache.read_limit = keys_bucket(cache.length + self.widest_chunk, cache.max_length)
         cache.fixed_shape = True
         try:
-            compiled = compiled_copy(PASSES[name], self.shape, cache.read_limit, *self.compile_options)
-            return compiled(*args, reads=self.reads, **options)
+            copy = compiled_copy(PASSES[name], self.shape, cache.read_limit, *self.compile_options)
+            return copy(*args, reads=self.reads, **options)
         finally:
             cache.fixed_shape = False
 
     def prefill(self, prompt_ids: Sequence[int] | torch.Tensor, sampling: Sampling,
                 generator: torch.Generator | None,
                 first_token_choices: Sequence[int] | None = None) -> tuple[int, torch.Tensor]:
-        """The prompt through the target, eagerly (its length changes with every prompt), all of it
-        committed: the first new token (one of `first_token_choices` under token healing) and the
-        features (1, n, F)."""
+        """The prompt through the target, eagerly (its length varies), all of it committed: the
+        first new token (one of `first_token_choices`, token healing) and the features (1, n, F)."""
         for cache in self.caches():
             cache.trim(0)
         prompt = torch.as_tensor(prompt_ids, device=self.block_offsets.device).view(1, -1)  # (1, n)
-        hidden, features = self.target(prompt, cache=self.target_cache, capture_layers=self.layer_ids)
+        hidden, features = self.target(prompt, cache=self.target_cache,
+                                       capture_layers=self.layer_ids)
         self.target_cache.extend(prompt.shape[1])
         logits = self.target.logits(hidden[0, -1])  # (vocab,)
         if first_token_choices is not None:
@@ -186,41 +177,35 @@ class ModelRunner:
 
     def decode(self, token: int, sampling: Sampling, generator: torch.Generator | None) -> int:
         """The next token after `token`, which is written right after the committed ones."""
-        self.token_ids[0, 0] = token
-        position = self.block_offsets[:1] + self.target_cache.length  # (1,)
-        logits = self.run("decode", self.target_cache, self.target, self.target_cache, self.token_ids,
-                          position)
+        self.token_ids[0, 0], cache = token, self.target_cache
+        position = self.block_offsets[:1] + cache.length  # (1,)
+        logits = self.run("decode", cache, self.target, cache, self.token_ids, position)
         return sample(logits[0], sampling, generator).item()
 
     def commit(self, kept: int) -> torch.Tensor:
-        """Commit the first `kept` slots of the block just verified to the target's cache: the last
-        token and the drafts accepted after it. Their features (1, kept, F) are the next draft's context;
-        the drafter's cache commits them when it reads them."""
+        """Commit the verified block's first `kept` slots (last token, accepted drafts) to the
+        target's cache. Their features (1, kept, F) are the next draft's context (`draft`)."""
         self.target_cache.extend(kept)
         return self.features[:, :kept]
 
     # ------------------------------------------------------------------- chains
 
-    def draft_sampled(self, features: torch.Tensor, last_token: int, sampling: Sampling, sampled: int,
-                      generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Drafts (block - 1,) whose first `sampled` slots are drawn from the drafter's distribution q,
-        the slots after them its argmax; and q (sampled, vocab), for the verdicts."""
+    def draft_sampled(self, features: torch.Tensor, last_token: int, sampling: Sampling,
+                      sampled: int, generator: torch.Generator | None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Drafts (block - 1,), the first `sampled` drawn from the drafter's distribution q, the
+        rest its argmax; and q (sampled, vocab), for the verdicts."""
         logits = self.draft(features, last_token)  # (block - 1, vocab)
         draft_probs = sampling.probs(logits[:sampled])  # (sampled, vocab)
         return torch.cat([draw(draft_probs, generator), argmax(logits[sampled:])]), draft_probs
 
     def draft(self, features: torch.Tensor, last_token: int) -> torch.Tensor:
-        """The drafter's logits (block - 1, vocab) for the block [last_token, MASK, ...] after
-        `last_token`, the newest committed token. `features` (1, ctx, F) are the target's features
-        where the drafter has not looked yet: the prompt's after the prefill, later the kept ones.
-        Their keys and values are committed to the drafter's cache: they are committed tokens'.
-
-        The block starts at the target's committed length; the context rows lie just before it.
-        Eagerly, and for the first draft after the prefill (any prompt length), the pass reads those
-        rows. Compiled, it takes the whole features buffer, for a fixed shape, and parks the rows past
-        the context `block` slots further on, where the block's mask hides them and a later write
-        overwrites them.
-        """
+        """The drafter's logits (block - 1, vocab) for [last_token, MASK, ...], `last_token` the
+        newest committed. `features` (1, ctx, F) are the target's where the drafter has not looked
+        yet (the prompt's, later the kept ones), committed to the drafter's cache. The block starts
+        at the target's committed length, the context rows just before it: eagerly (and first after
+        the prefill, any prompt length) the pass reads those rows; compiled, the whole features
+        buffer (one shape), parking rows past the context `block` slots on, masked until reused."""
         cache, offsets, rows = self.drafter_cache, self.block_offsets, features.shape[1]
         start = self.target_cache.length  # of `last_token`: the block's first position
         eager = not self.compiled or cache.length == 0
@@ -232,9 +217,9 @@ class ModelRunner:
             context_slots = context_positions + torch.where(offsets < rows, 0, len(offsets))
         self.block_ids[0, 0] = last_token
         self.block_ids[0, 1:] = self.mask_token_id
-        logits = self.run("draft", cache, self.target, self.drafter, cache, features, self.block_ids,
-                          context_positions=context_positions, context_slots=context_slots,
-                          block_positions=offsets + start, eager=eager)
+        logits = self.run("draft", cache, self.target, self.drafter, cache, features,
+                          self.block_ids, context_positions=context_positions,
+                          context_slots=context_slots, block_positions=offsets + start, eager=eager)
         cache.extend(rows)  # the context is kept; the block's slots were scratch
         return logits
 
@@ -247,10 +232,11 @@ class ModelRunner:
                                     self.block_ids, positions, self.layer_ids)
         return self.target_tokens.copy_(argmax(logits)), self.features.copy_(features)
 
-    def verify_sampled(self, drafts: torch.Tensor, draft_probs: torch.Tensor | None, sampling: Sampling,
-                       generator: torch.Generator | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """As `verify`, the target's token after each slot drawn by the rejection rule (`verdicts`): a
-        draft is kept where it equals it, and the committed tokens follow the target's distribution."""
+    def verify_sampled(self, drafts: torch.Tensor, draft_probs: torch.Tensor | None,
+                       sampling: Sampling, generator: torch.Generator | None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """As `verify`, the target's token after each slot drawn by the rejection rule (`verdicts`):
+        a draft is kept where it equals it; the committed tokens follow the target's law."""
         self.block_ids[0, 1:] = drafts
         positions = self.block_offsets + self.target_cache.length  # (block,)
         logits, features = self.run("verify", self.target_cache, self.target, self.target_cache,
@@ -260,7 +246,8 @@ class ModelRunner:
 
     # -------------------------------------------------------------------- trees
 
-    def draft_tree(self, features: torch.Tensor, last_token: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def draft_tree(self, features: torch.Tensor,
+                   last_token: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The drafter's `tree_top_k` likeliest tokens at each slot, likeliest first: (block - 1, k)
         log-probabilities and ids; slot d's are the candidates at depth d of the tree."""
         logits = self.draft(features, last_token)  # (block - 1, vocab)
@@ -268,20 +255,20 @@ class ModelRunner:
 
     def verify_tree(self, tree: DraftTree, sampling: Sampling,
                     generator: torch.Generator | None) -> torch.Tensor:
-        """The target's token after each node of `tree` (budget + 1,), padding nodes included. Node i
-        goes to cache slot start + i at position start + depth(i) and sees the committed tokens, its
-        ancestors and itself (`verify_inputs`); `commit_path` then commits the chosen path."""
+        """The target's token after each node of `tree` (budget + 1,), padding nodes included.
+        Node i goes to cache slot start + i at position start + depth(i) and sees the committed
+        tokens, its ancestors and itself (`verify_inputs`); `commit_path` then keeps the path."""
         tokens, depths, tree_mask = verify_inputs(tree, self.tree_budget, self.node_offsets.device)
-        start = self.target_cache.length
-        logits, features = self.run("verify_tree", self.target_cache, self.target, self.target_cache,
-                                    tokens[None], depths + start, slots=self.node_offsets + start,
+        start, cache = self.target_cache.length, self.target_cache
+        logits, features = self.run("verify_tree", cache, self.target, cache, tokens[None],
+                                    depths + start, slots=self.node_offsets + start,
                                     tree_mask=tree_mask, layer_ids=self.layer_ids)
         self.node_features.copy_(features)
         return self.node_tokens.copy_(sample(logits, sampling, generator))
 
     def commit_path(self, path: list[int]) -> torch.Tensor:
-        """Commit the accepted `path` (node indices, root first): its keys and values move next to the
-        committed ones. Its features (1, path, F) are the next draft's context."""
+        """Commit the accepted `path` (node indices, root first): its keys and values move next to
+        the committed ones. Its features (1, path, F) are the next draft's context."""
         start, nodes = self.target_cache.length, self.node_offsets.new_tensor(path)
         self.target_cache.compact(self.node_offsets.new_tensor(path_slots(path, start)), start)
         self.target_cache.extend(len(path))
@@ -294,9 +281,9 @@ def default_block_size(drafter: Drafter | None) -> int:
     return drafter.config.block_size if drafter is not None else 1
 
 
-def cache_slots(prompt_length: int, max_new_tokens: int, block_size: int, tree_budget: int = 0) -> int:
-    """The cache slots a request needs: the prompt, the output, and the last block or tree, which may
-    reach past the output's end."""
+def cache_slots(prompt_length: int, max_new_tokens: int, block_size: int,
+                tree_budget: int = 0) -> int:
+    """The cache slots a request needs: prompt, output, and the last block or tree (may overrun)."""
     return prompt_length + max_new_tokens + max(block_size, tree_budget + 1)
 
 
@@ -304,19 +291,18 @@ def cache_slots(prompt_length: int, max_new_tokens: int, block_size: int, tree_b
 
 
 class GenerationBuilder:
-    """Builds a loop's `Generation`: at most `limit` tokens, none after a stop token, timed without
-    `on_token`."""
+    """Builds a loop's `Generation`: up to `limit` tokens, none past a stop, `on_token` untimed."""
 
     def __init__(self, limit: int, stop_ids: Sequence[int], on_token: OnToken | None,
                  device: torch.device):
-        self.limit, self.stop_ids, self.on_token, self.device = limit, set(stop_ids), on_token, device
-        self.result = Generation([], [], 0.0)
+        self.limit, self.stop_ids, self.on_token = limit, set(stop_ids), on_token
+        self.device, self.result = device, Generation([], [], 0.0)
         self.done = limit == 0  # the limit is reached, or a stop token committed
         synchronize(device)  # earlier queued GPU work is not ours to time
         self.began = time.perf_counter()
 
     def commit(self, tokens: list[int], drafted: int = 0, step: bool = True) -> None:
-        """Record a step (or the prefill) that committed `tokens`, the first `drafted` of them drafts."""
+        """Record a step (or the prefill) that committed `tokens`, the first `drafted` drafts."""
         result = self.result
         if step:
             result.acceptance_lengths.append(len(tokens))  # counted whole, even past the limit
@@ -340,19 +326,20 @@ class GenerationBuilder:
         return self.result
 
 
-def ready_runner(target: Qwen3, drafter: Drafter | None, prompt_ids: Sequence[int], max_new_tokens: int,
-                 *, runner: ModelRunner | None, block_size: int, tree_budget: int = 0) -> ModelRunner:
+def ready_runner(target: Qwen3, drafter: Drafter | None, prompt_ids: Sequence[int],
+                 max_new_tokens: int, *, runner: ModelRunner | None, block_size: int,
+                 tree_budget: int = 0) -> ModelRunner:
     """Check the request (`check_request`); return `runner`, or a new one sized for it."""
     slots = cache_slots(len(prompt_ids), max_new_tokens, block_size, tree_budget)
     check_request(target, drafter, prompt_ids, max_new_tokens, block_size=block_size,
                   tree_budget=tree_budget)
     runner = runner or ModelRunner(target, drafter, block_size=block_size, tree_budget=tree_budget,
                                    max_length=slots)
-    runner_fits = (block_size, tree_budget or runner.tree_budget) == (runner.block_size, runner.tree_budget)
-    if not runner_fits or slots > runner.max_length:
-        raise UsageError(f"block size {block_size}, tree budget {tree_budget} and {slots} cache slots do "
-                         f"not fit the runner's {runner.block_size}, {runner.tree_budget} and "
-                         f"{runner.max_length}")
+    sizes = (runner.block_size, runner.tree_budget)
+    if (block_size, tree_budget or runner.tree_budget) != sizes or slots > runner.max_length:
+        raise UsageError(f"block size {block_size}, tree budget {tree_budget} and {slots} cache "
+                         f"slots do not fit the runner's {runner.block_size}, {runner.tree_budget} "
+                         f"and {runner.max_length}")
     return runner
 
 
@@ -363,11 +350,11 @@ def generate_autoregressive(target: Qwen3, prompt_ids: Sequence[int], max_new_to
                             on_token: OnToken | None = None, runner: ModelRunner | None = None,
                             first_token_choices: Sequence[int] | None = None) -> Generation:
     """The baseline: one target pass per new token. `sampling` (default: the plain softmax at
-    `temperature`) says how tokens are drawn; `first_token_choices` (token healing) limits the first."""
-    sampling = sampling or Sampling(temperature)
+    `temperature`) draws tokens; `first_token_choices` (token healing) limit the first."""
+    sampling, device = sampling or Sampling(temperature), target.embed_tokens.weight.device
     runner = ready_runner(target, None, prompt_ids, max_new_tokens, runner=runner,
                           block_size=runner.block_size if runner is not None else 1)
-    output = GenerationBuilder(max_new_tokens, stop_ids, on_token, target.embed_tokens.weight.device)
+    output = GenerationBuilder(max_new_tokens, stop_ids, on_token, device)
     token, _ = runner.prefill(prompt_ids, sampling, generator, first_token_choices)
     output.commit([token], step=False)  # committed, but not yet in the target's cache
     while not output.done:
@@ -379,69 +366,68 @@ def generate_autoregressive(target: Qwen3, prompt_ids: Sequence[int], max_new_to
 
 
 @torch.no_grad()
-def generate_dflash(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int], max_new_tokens: int, *,
-                    block_size: int | None = None, temperature=0.0, sampling: Sampling | None = None,
-                    draft_policy: str = "greedy", stop_ids: Sequence[int] = (), generator=None,
-                    on_token: OnToken | None = None, runner: ModelRunner | None = None,
+def generate_dflash(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int],
+                    max_new_tokens: int, *, block_size: int | None = None, temperature=0.0,
+                    sampling: Sampling | None = None, draft_policy: str = "greedy",
+                    stop_ids: Sequence[int] = (), generator=None, on_token: OnToken | None = None,
+                    runner: ModelRunner | None = None,
                     first_token_choices: Sequence[int] | None = None) -> Generation:
-    """Speculative decoding: draft a block, verify it, keep the drafts that equal the token the target
-    picks at their slot and the target's token after them. The output follows
-    `generate_autoregressive`'s law (equals it, greedy). `draft_policy`: drafts are the drafter's
-    argmax (`greedy`) or drawn (`sampled`; `mixed:K`: the first K)."""
-    sampling = sampling or Sampling(temperature)
-    block_size = block_size or (runner.block_size if runner is not None else default_block_size(drafter))
-    sampled = sampled_slots(draft_policy, block_size, sampling)  # slots drawn from the drafter
-    greedy = sampling.greedy
-    runner = ready_runner(target, drafter, prompt_ids, max_new_tokens, runner=runner, block_size=block_size)
-    output = GenerationBuilder(max_new_tokens, stop_ids, on_token, target.embed_tokens.weight.device)
-    last, features = runner.prefill(prompt_ids, sampling, generator, first_token_choices)  # (1, n, F)
-    output.commit([last], step=False)  # committed, but not yet in the target's cache
+    """Speculative decoding: draft a block, verify it, keep the drafts that match the target's pick
+    at their slot, then its own token after them: `generate_autoregressive`'s law (greedy: its
+    output). `draft_policy`: drafts are argmax (`greedy`), drawn (`sampled`; `mixed:K`: first K)."""
+    sampling, device = sampling or Sampling(temperature), target.embed_tokens.weight.device
+    block_size = block_size or (runner.block_size if runner else default_block_size(drafter))
+    sampled, greedy = sampled_slots(draft_policy, block_size, sampling), sampling.greedy
+    runner = ready_runner(target, drafter, prompt_ids, max_new_tokens, runner=runner,
+                          block_size=block_size)
+    output = GenerationBuilder(max_new_tokens, stop_ids, on_token, device)
+    last, features = runner.prefill(prompt_ids, sampling, generator, first_token_choices)
+    output.commit([last], step=False)  # not yet in the target's cache; features: (1, n, F)
     while not output.done:
         if sampled:  # (block - 1,) drafts, some drawn from the drafter's q (sampled, vocab)
             drafts, draft_probs = runner.draft_sampled(features, last, sampling, sampled, generator)
-        else:
-            drafts, draft_probs = argmax(runner.draft(features, last)), None  # the drafter's likeliest
-        if greedy:  # (block,) tokens the target picks, (1, block, F) features
-            target_tokens, features = runner.verify(drafts)
-        else:
-            target_tokens, features = runner.verify_sampled(drafts, draft_probs, sampling, generator)
+        else:  # the drafter's likeliest
+            drafts, draft_probs = argmax(runner.draft(features, last)), None
+        # (block,) tokens the target picks, (1, block, F) features
+        target_tokens, features = (runner.verify(drafts) if greedy else
+                                   runner.verify_sampled(drafts, draft_probs, sampling, generator))
         both = torch.cat([drafts, target_tokens]).tolist()  # the one host sync of the step
         drafts, target_tokens = both[:block_size - 1], both[block_size - 1:]
         accepted = 0  # drafts kept: those before the first the target disagrees with
         while accepted < block_size - 1 and drafts[accepted] == target_tokens[accepted]:
             accepted += 1
-        features = runner.commit(accepted + 1)  # `last` and the kept drafts, in both caches
-        output.commit(target_tokens[:accepted + 1], drafted=accepted)  # the drafts, then the target's
+        features = runner.commit(accepted + 1)  # `last` and the kept drafts; their features
+        output.commit(target_tokens[:accepted + 1], drafted=accepted)  # drafts, then the target's
         last = target_tokens[accepted]  # the target's own token opens the next block
     return output.finish()
 
 
 @torch.no_grad()
-def generate_dflash_tree(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int], max_new_tokens: int,
-                         *, budget: int, block_size: int | None = None, temperature=0.0,
-                         sampling: Sampling | None = None, stop_ids: Sequence[int] = (), generator=None,
+def generate_dflash_tree(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int],
+                         max_new_tokens: int, *, budget: int, block_size: int | None = None,
+                         temperature=0.0, sampling: Sampling | None = None,
+                         stop_ids: Sequence[int] = (), generator=None,
                          on_token: OnToken | None = None, runner: ModelRunner | None = None,
                          first_token_choices: Sequence[int] | None = None):
-    """Speculative decoding with a tree of the `budget` continuations the drafter finds likeliest, all
-    checked in one pass (`dflash/tree.py`); the walk keeps the path the target agrees with, plus its
-    token after it. Children are chosen, not sampled: sampled children would need a multi-draft rule."""
-    sampling = sampling or Sampling(temperature)
-    block_size = block_size or (runner.block_size if runner is not None else default_block_size(drafter))
+    """Speculative decoding with a tree of the `budget` continuations the drafter finds likeliest,
+    all checked in one pass (`dflash/tree.py`); the walk keeps the path the target agrees with,
+    plus its token after it. Children are chosen, not sampled (that needs a multi-draft rule)."""
+    sampling, device = sampling or Sampling(temperature), target.embed_tokens.weight.device
+    block_size = block_size or (runner.block_size if runner else default_block_size(drafter))
     if budget < 1:
         raise UsageError(f"a tree needs a budget of at least 1 node, got {budget}")
     runner = ready_runner(target, drafter, prompt_ids, max_new_tokens, runner=runner,
                           block_size=block_size, tree_budget=budget)
-    output = GenerationBuilder(max_new_tokens, stop_ids, on_token, target.embed_tokens.weight.device)
-    last, features = runner.prefill(prompt_ids, sampling, generator, first_token_choices)  # (1, n, F)
-    output.commit([last], step=False)
+    output = GenerationBuilder(max_new_tokens, stop_ids, on_token, device)
+    last, features = runner.prefill(prompt_ids, sampling, generator, first_token_choices)
+    output.commit([last], step=False)  # features: (1, n, F)
     while not output.done:
         logprobs, candidates = runner.draft_tree(features, last)
-        # Host sync 1: the tree is built on the host.
-        tree = build_tree(last, logprobs.tolist(), candidates.tolist(), budget)
-        target_tokens = runner.verify_tree(tree, sampling, generator).tolist()  # sync 2: (budget + 1,)
+        tree = build_tree(last, logprobs.tolist(), candidates.tolist(), budget)  # host sync 1
+        target_tokens = runner.verify_tree(tree, sampling, generator).tolist()  # 2: (budget + 1,)
         path = walk(tree, target_tokens)  # the accepted nodes, root first
-        kept = [target_tokens[node] for node in path]  # the accepted drafts (the target's), then its own
-        features = runner.commit_path(path)  # the path's keys and values next to the committed ones
+        kept = [target_tokens[node] for node in path]  # the accepted drafts, then the target's own
+        features = runner.commit_path(path)  # the path's keys and values next to the committed
         output.commit(kept, drafted=len(path) - 1)
         last = kept[-1]
     return output.finish()
@@ -454,33 +440,35 @@ def run(args) -> int:
     prompt = check_options(args)
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
-    sampling = sampling_of(args, args.model)
-    tokenizer = find_tokenizer(args.model)
-    prompt_ids, choices = encode_for_generation(prompt, tokenizer, args.chat, args.thinking, args.token_healing)
+    sampling, tokenizer = sampling_of(args, args.model), find_tokenizer(args.model)
+    prompt_ids, choices = encode_for_generation(prompt, tokenizer, args.chat, args.thinking,
+                                                args.token_healing)
     target = Qwen3.from_pretrained(args.model, device=device, dtype=dtype)
-    drafter = None if args.no_draft else Drafter.from_pretrained(args.draft, target=target, device=device, dtype=dtype)
+    drafter = None if args.no_draft else Drafter.from_pretrained(args.draft, target=target,
+                                                                 device=device, dtype=dtype)
     block_size = args.block_size or default_block_size(drafter)
-    check_request(target, drafter, prompt_ids, args.max_new_tokens, block_size=block_size, tree_budget=args.tree,
-                  where=prompt.where)  # before the runner allocates its caches
+    check_request(target, drafter, prompt_ids, args.max_new_tokens, block_size=block_size,
+                  tree_budget=args.tree, where=prompt.where)  # before the runner allocates caches
     check_no_mask_token(drafter, prompt_ids, prompt.where)
-    sampled_slots(args.draft_policy, block_size, sampling)  # a bad policy is refused before any work
+    sampled_slots(args.draft_policy, block_size, sampling)  # refuses a bad policy before any work
     compile = device.type == "cuda" if args.compile is None else args.compile
-    runner = ModelRunner(target, drafter, block_size=block_size, tree_budget=args.tree, compile=compile,
-                         max_length=cache_slots(len(prompt_ids), args.max_new_tokens, block_size, args.tree),
-                         mode="reduce-overhead" if device.type == "cuda" else None, flex_attention=args.flex_attention)
+    slots = cache_slots(len(prompt_ids), args.max_new_tokens, block_size, args.tree)
+    runner = ModelRunner(target, drafter, block_size=block_size, tree_budget=args.tree,
+                         compile=compile, max_length=slots, flex_attention=args.flex_attention,
+                         mode="reduce-overhead" if device.type == "cuda" else None)
     common = dict(sampling=sampling, stop_ids=stop_token_ids(args.model, tokenizer), runner=runner,
                   first_token_choices=choices)
     loops = {}  # name -> the loop, given max_new_tokens and the rest
     if args.compare or drafter is None:
         loops["baseline"] = functools.partial(generate_autoregressive, target, prompt_ids, **common)
     if drafter is not None and args.tree:
-        loops[f"DFlash tree {args.tree}"] = functools.partial(generate_dflash_tree, target, drafter, prompt_ids,
-                                                              budget=args.tree, **common)
+        loops[f"DFlash tree {args.tree}"] = functools.partial(
+            generate_dflash_tree, target, drafter, prompt_ids, budget=args.tree, **common)
     elif drafter is not None:
         loops["DFlash"] = functools.partial(generate_dflash, target, drafter, prompt_ids,
                                             draft_policy=args.draft_policy, **common)
-    # A run of each loop first, unmeasured, pays one-time costs (allocations, kernel choice; compiling, recording
-    # graphs): compiled, to the limit without stopping, so that every `keys_bucket` the measured run reads is compiled.
+    # An unmeasured run of each loop pays one-time costs (allocations, kernels, compiling, graphs);
+    # compiled, to the limit without stopping: every `keys_bucket` the measured run reads compiles.
     warm_tokens = args.max_new_tokens if compile else min(args.max_new_tokens, 2 * block_size + 2)
     began = time.perf_counter()
     for loop in loops.values():
@@ -489,16 +477,17 @@ def run(args) -> int:
     for name, loop in loops.items():
         if args.compare and not args.json:
             print(f"--- {name}")
-        results[name] = loop(args.max_new_tokens, generator=torch.Generator(device).manual_seed(args.seed),
-                             on_token=None if args.json else Printer(tokenizer, sys.stdout.isatty()))
+        printer = None if args.json else Printer(tokenizer, sys.stdout.isatty())
+        results[name] = loop(args.max_new_tokens, on_token=printer,
+                             generator=torch.Generator(device).manual_seed(args.seed))
         print("" if args.json else "\n", end="")
     final, slow = list(results.values())[-1], results.get("baseline") if args.compare else None
     if args.json:
-        print(json.dumps(final.report(tokenizer.decode(final.new_ids, skip_special_tokens=True) if tokenizer else "",
-                                      slow)))
+        text = tokenizer.decode(final.new_ids, skip_special_tokens=True) if tokenizer else ""
+        print(json.dumps(final.report(text, slow)))
         return 0
-    print(f"[device {device}, {str(dtype).removeprefix('torch.')}, batch 1, compile {'on' if compile else 'off'}, "
-          f"{sampling}, warm-up {warm_up:.1f} s]", file=sys.stderr)
+    print(f"[device {device}, {str(dtype).removeprefix('torch.')}, batch 1, compile "
+          f"{'on' if compile else 'off'}, {sampling}, warm-up {warm_up:.1f} s]", file=sys.stderr)
     for name, result in results.items():
         print(result.summary(name, block_size), file=sys.stderr)
     if slow is not None:

@@ -1,4 +1,4 @@
-"""How the loops' passes are compiled: one copy of a pass per runner shape and bucket of cache slots read.
+"""How the loops' passes are compiled: a copy of a pass per runner shape and bucket of slots read.
 
 `torch.compile` with static shapes (`dynamic=False`) builds one graph per input shape; on a GPU,
 `mode="reduce-overhead"` records each as a CUDA graph. A pass's shapes are fixed by the runner
@@ -17,9 +17,10 @@ import torch
 
 
 @functools.cache
-def compiled_copy(function: Callable, shape: tuple, keys: int, backend, mode: str | None) -> Callable:
-    """`function` compiled once per process, runner shape and cache slots read: each its own copy of the code,
-    as dynamo allows one function 8 graphs, fewer than a benchmark of many shapes needs."""
+def compiled_copy(function: Callable, shape: tuple, keys: int, backend,
+                  mode: str | None) -> Callable:
+    """`function` compiled once per process, runner shape and cache slots read: each its own copy
+    of the code, as dynamo allows one function 8 graphs, fewer than a benchmark's shapes need."""
     copy = types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__,
                               function.__defaults__, function.__closure__)
     copy.__kwdefaults__ = function.__kwdefaults__
@@ -27,7 +28,8 @@ def compiled_copy(function: Callable, shape: tuple, keys: int, backend, mode: st
 
 
 def keys_bucket(needed: int, max_length: int) -> int:
-    """The cache slots a compiled pass reads when `needed` hold the sequence: the next power of two from 64, at most
-    the buffer. An empty tail costs a 16-token verify 16 times what it costs a decode; powers of two read at most
-    twice the keys needed, in log2(max_length / 64) + 1 compiled copies."""
+    """The cache slots a compiled pass reads when `needed` hold the sequence: the next power of two
+    from 64, at most the buffer. An empty tail costs a 16-token verify 16 times what it costs a
+    decode; powers of two read at most twice the keys needed, in log2(max_length / 64) + 1 compiled
+    copies."""
     return min(max_length, max(64, 1 << (needed - 1).bit_length()))

@@ -40,17 +40,17 @@ class DrafterConfig:
 
     @classmethod
     def from_dict(cls, raw: dict, source: str = "config.json") -> "DrafterConfig":
-        layers = Qwen3Config.from_dict(raw, source)
-        fields = checkpoint.drafter_fields(raw, source)
-        layer_ids = fields["target_layer_ids"] or default_target_layer_ids(
-            fields["num_target_layers"], layers.num_hidden_layers)
-        return cls(layers, fields["block_size"], fields["num_target_layers"], fields["mask_token_id"], list(layer_ids))
+        layers, fields = Qwen3Config.from_dict(raw, source), checkpoint.drafter_fields(raw, source)
+        depth, drafter_depth = fields["num_target_layers"], layers.num_hidden_layers
+        layer_ids = fields["target_layer_ids"] or default_target_layer_ids(depth, drafter_depth)
+        return cls(layers, fields["block_size"], depth, fields["mask_token_id"], list(layer_ids))
 
     def to_dict(self) -> dict:
         """The authors' `config.json`: Qwen3 fields plus the DFlash ones."""
         dflash = {"mask_token_id": self.mask_token_id, "target_layer_ids": self.target_layer_ids}
-        return {**self.layers.to_dict(), "architectures": ["DFlashDraftModel"], "block_size": self.block_size,
-                "num_target_layers": self.num_target_layers, "dflash_config": dflash}
+        return {**self.layers.to_dict(), "architectures": ["DFlashDraftModel"],
+                "block_size": self.block_size, "num_target_layers": self.num_target_layers,
+                "dflash_config": dflash}
 
 
 class DrafterLayer(DecoderLayer):
@@ -61,14 +61,14 @@ class DrafterLayer(DecoderLayer):
         """block (batch, B, hidden) and context (batch, ctx, hidden) -> block; `rope` covers
         [context; block]; with a `cache`, both are written at `slots` (ctx + B,)."""
         attn, seq = self.self_attn, block.shape[1]
-        normed = self.input_layernorm(block)  # the context is not normed again: hidden_norm did that
-        block_rope = (rope[0][..., -seq:, :], rope[1][..., -seq:, :])  # the block's rows: (..., B, head_dim)
-        q = attn.queries(normed, block_rope)  # (batch, heads, B, head_dim): queries from the block only
-        # The context enters here: its keys and values go in front of the block's own, one projection for both.
+        normed = self.input_layernorm(block)  # not the context: hidden_norm did that
+        block_rope = (rope[0][..., -seq:, :], rope[1][..., -seq:, :])  # the block's: (..., B, hd)
+        q = attn.queries(normed, block_rope)  # (batch, heads, B, hd): from the block only
+        # The context enters here: its keys and values go before the block's, one projection.
         k, v = attn.keys_values(torch.cat([context, normed], dim=1), rope)  # (b, kv_h, ctx + B, hd)
         if cache is not None:  # the new context joins the cached one, the block right after it
             k, v = cache.write(attn.layer_index, slots, k, v)
-        block = block + attn.output(attend(q, k, v))  # (batch, heads, B, head_dim) -> (batch, B, hidden)
+        block = block + attn.output(attend(q, k, v))  # (b, heads, B, hd) -> (batch, B, hidden)
         return block + self.mlp(self.post_attention_layernorm(block))
 
 
@@ -77,34 +77,31 @@ class Drafter(nn.Module):
 
     def __init__(self, config: DrafterConfig):
         super().__init__()
-        c = config.layers
-        self.config = config
+        c, self.config = config.layers, config
         self.fc = nn.Linear(len(config.target_layer_ids) * c.hidden_size, c.hidden_size, bias=False)
         self.hidden_norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.layers = nn.ModuleList(DrafterLayer(c, i) for i in range(c.num_hidden_layers))
         self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
         self.rotary = RotaryEmbedding(c.head_dim, c.rope_theta)
-        self.recompute_layers = False  # training at scale: keep each layer's inputs, recompute the rest
+        self.recompute_layers = False  # training at scale: keep layers' inputs, recompute the rest
 
     def forward(self, features: torch.Tensor, block_embeddings: torch.Tensor,
                 context_positions: torch.Tensor, block_positions: torch.Tensor, *,
                 cache: KVCache | None = None, attend: Attend | None = None,
                 context_slots: torch.Tensor | None = None) -> torch.Tensor:
         """Denoise a block; return the drafter's final hidden states (batch, block, hidden).
-
         `features` (batch, ctx, n_layers * hidden), the target's, cover the context not yet in
         `cache`. Positions ((n,), or (batch, n) in training) are also the slots written, context and
         block in one write (`context_slots` may move the context's); the caller commits the context
-        it keeps. `attend` defaults to every key up to the block's end: eagerly all the keys read.
-        """
+        it keeps. `attend` defaults to every key up to the block's end: eagerly, all keys read."""
         context = self.hidden_norm(self.fc(features))  # (batch, ctx, hidden), once per step
         # ([batch,] ctx): the context's positions, batched as the block's
         context_positions = context_positions.expand(*block_positions.shape[:-1], -1)
         positions = torch.cat([context_positions, block_positions], dim=-1)  # ([batch,] ctx + B)
-        if attend is None:  # a fixed-shape read also holds slots past the block: the mask hides them
+        if attend is None:  # a fixed-shape read holds slots past the block: the mask hides them
             fixed = cache is not None and cache.fixed_shape
-            attend = masked(cached_block_mask(cache, positions.shape[-1], block_positions) if fixed
-                            else None)
+            attend = masked(cached_block_mask(cache, positions.shape[-1], block_positions)
+                            if fixed else None)
         # (ctx + B,): where the context and the block are written
         slots = positions if context_slots is None else torch.cat([context_slots, block_positions])
         rope = self.rotary(positions, block_embeddings.dtype)  # cos, sin: ([batch, 1,] ctx + B, hd)
@@ -117,19 +114,20 @@ class Drafter(nn.Module):
         return self.norm(x)
 
     def new_cache(self, max_length: int, batch: int = 1) -> KVCache:
-        """A cache of the injected context's keys and values (the block's are overwritten each step)."""
+        """A cache of the injected context's keys and values (the block's are overwritten)."""
         return KVCache.for_layers(self.config.layers, self.fc.weight, max_length, batch)
 
     @classmethod
     def from_pretrained(cls, path, target: Qwen3 | None = None, device="cpu",
                         dtype: torch.dtype = torch.float32, trainable: bool = False) -> "Drafter":
-        """Load a drafter in the authors' layout; with `target`, check first that it fits. Frozen, unless
-        `trainable`: a drafter fine-tuned from a released one (`train.py --init-from`)."""
+        """Load a drafter in the authors' layout, their names ours; with `target`, check first that
+        it fits. Frozen unless `trainable` (`train.py --init-from` fine-tunes a released one)."""
         path = checkpoint.checkpoint_folder(path, "drafter checkpoint")
-        config = DrafterConfig.from_dict(checkpoint.read_json(path / "config.json"), str(path / "config.json"))
+        file = path / "config.json"
+        config = DrafterConfig.from_dict(checkpoint.read_json(file), str(file))
         if target is not None:
             check_fits(config, target.config, str(path))
-        return checkpoint.load_pretrained(cls, config, path, None, device, dtype,  # the released names are ours
+        return checkpoint.load_pretrained(cls, config, path, None, device, dtype,
                                           trainable=trainable)
 
     def save_pretrained(self, path, dtype: torch.dtype | None = None) -> None:
@@ -138,24 +136,26 @@ class Drafter(nn.Module):
 
 
 def cached_block_mask(cache: KVCache, chunk: int, block_positions: torch.Tensor) -> torch.Tensor:
-    """(1, keys): a drafted block sees every slot of `cache` up to its own end: the cached context, the new
-    context and the whole block (`chunk` of them are written this pass)."""
+    """(1, keys): a drafted block sees every slot of `cache` up to its own end: the cached context,
+    the new context and the whole block (`chunk` of them are written this pass)."""
     keys = torch.arange(cache.keys_to_read(chunk), device=block_positions.device)
     return keys[None, :] <= block_positions[-1]
 
 
 def check_fits(drafter: DrafterConfig, target: Qwen3Config, source: str = "drafter") -> None:
     """Refuse a drafter trained for another target, naming both values."""
-    pairs = [("hidden_size", drafter.layers.hidden_size, "hidden_size", target.hidden_size),
-             ("vocab_size", drafter.layers.vocab_size, "vocab_size", target.vocab_size),
-             ("num_target_layers", drafter.num_target_layers, "num_hidden_layers", target.num_hidden_layers)]
+    depth, layers = target.num_hidden_layers, drafter.layers
+    pairs = [("hidden_size", layers.hidden_size, "hidden_size", target.hidden_size),
+             ("vocab_size", layers.vocab_size, "vocab_size", target.vocab_size),
+             ("num_target_layers", drafter.num_target_layers, "num_hidden_layers", depth)]
     for name, ours, target_name, theirs in pairs:
         if ours != theirs:
-            raise CheckpointError(f"{source}: drafter {name}={ours} does not fit the target's {target_name}={theirs}")
+            raise CheckpointError(f"{source}: drafter {name}={ours} does not fit the target's "
+                                  f"{target_name}={theirs}")
     for layer in drafter.target_layer_ids:
-        if not 0 <= layer < target.num_hidden_layers:
-            raise CheckpointError(f"{source}: target_layer_ids entry {layer} is outside the target's "
-                                  f"{target.num_hidden_layers} layers")
+        if not 0 <= layer < depth:
+            raise CheckpointError(f"{source}: target_layer_ids entry {layer} is outside the "
+                                  f"target's {depth} layers")
     if not 0 <= drafter.mask_token_id < target.vocab_size:
-        raise CheckpointError(f"{source}: mask_token_id={drafter.mask_token_id} is outside the target's "
-                              f"vocab_size={target.vocab_size}")
+        raise CheckpointError(f"{source}: mask_token_id={drafter.mask_token_id} is outside the "
+                              f"target's vocab_size={target.vocab_size}")

@@ -1,4 +1,4 @@
-"""generate.py's command line: its options, their examples, and the checks made before any model loads.
+"""generate.py's command line: its options, their examples, and the checks made before any load.
 
 Kept apart from generate.py, which a reader follows one DFlash step through: `run` there reads the
 options parsed here and calls the loops.
@@ -20,9 +20,12 @@ WEIGHTS = Path(__file__).resolve().parents[1] / "weights"  # the demo pair and i
 EXAMPLES = """\
 examples:
   python generate.py --prompt "Mia has 14 apples. She buys 9 more. How many apples are there now?"
-  python generate.py --prompt "Leo buys 3 pens that cost 4 dollars each. He pays with 20 dollars. How much change does Leo get?" --compare --tree 16
-  python generate.py --prompt "Tom has 7 cards. Ana has twice as many cards as Tom. How many cards does Ana have?" --sample-from-config --draft-policy mixed:2
-  python generate.py --prompt-ids 1,2,3 --model tests/fixtures/qwen3-tiny-sharded --draft tests/fixtures/dflash-tiny --json
+  python generate.py --prompt "Leo buys 3 pens that cost 4 dollars each. He pays with 20 dollars. \
+How much change does Leo get?" --compare --tree 16
+  python generate.py --prompt "Tom has 7 cards. Ana has twice as many cards as Tom. How many cards \
+does Ana have?" --sample-from-config --draft-policy mixed:2
+  python generate.py --prompt-ids 1,2,3 --model tests/fixtures/qwen3-tiny-sharded --draft \
+tests/fixtures/dflash-tiny --json
 
 On a terminal, tokens from accepted drafts are green. Bad input exits with status 2.
 """
@@ -33,33 +36,39 @@ def build_parser() -> argparse.ArgumentParser:
                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     either = p.add_mutually_exclusive_group()
     either.add_argument("--prompt", help="the prompt text")
-    either.add_argument("--prompt-ids", type=int_list, help="the prompt as token ids, e.g. 1,2,3 (needs no tokenizer)")
-    p.add_argument("--model", type=Path, default=WEIGHTS / "tiny-qwen3", help="target checkpoint folder")
-    p.add_argument("--draft", type=Path, default=WEIGHTS / "tiny-qwen3-dflash", help="drafter checkpoint folder")
+    either.add_argument("--prompt-ids", type=int_list,
+                        help="the prompt as token ids, e.g. 1,2,3 (needs no tokenizer)")
+    p.add_argument("--model", type=Path, default=WEIGHTS / "tiny-qwen3",
+                   help="target checkpoint folder")
+    p.add_argument("--draft", type=Path, default=WEIGHTS / "tiny-qwen3-dflash",
+                   help="drafter checkpoint folder")
     p.add_argument("--no-draft", action="store_true", help="plain autoregressive decoding only")
-    p.add_argument("--compare", action="store_true", help="run the baseline, then DFlash, and report the speedup")
+    p.add_argument("--compare", action="store_true",
+                   help="run the baseline, then DFlash, and report the speedup")
     p.add_argument("--max-new-tokens", type=positive_int, default=128)
     add_sampling_options(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--block-size", type=checked(int, "at least 2", lambda x: x >= 2),
                    help="tokens per draft block (2..the drafter's; default the drafter's)")
-    p.add_argument("--tree", type=checked(int, "0 (no tree) or more", lambda x: x >= 0), default=0, metavar="N",
-                   help="verify a draft tree of N nodes per step")
+    p.add_argument("--tree", type=checked(int, "0 (no tree) or more", lambda x: x >= 0), default=0,
+                   metavar="N", help="verify a draft tree of N nodes per step")
     add_device_options(p)
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                    help="torch.compile the fixed-shape passes (default: on for CUDA, off for CPU)")
-    p.add_argument("--flex-attention", action="store_true", help="read the caches through FlexAttention, only their "
-                   "filled blocks (compiled passes only, for CUDA; not yet measured on a GPU)")
+    p.add_argument("--flex-attention", action="store_true",
+                   help="read the caches through FlexAttention, only their filled blocks (compiled "
+                   "passes only, for CUDA; not yet measured on a GPU)")
     add_prompt_options(p)
-    p.add_argument("--json", action="store_true", help="print one JSON object instead of the text: output_ids, text, "
-                   "acceptance_lengths, mean_acceptance, tokens_per_second, new_tokens, steps (with --compare also "
-                   "baseline_output_ids, baseline_tokens_per_second, speedup)")
+    p.add_argument("--json", action="store_true",
+                   help="print one JSON object instead of the text: output_ids, text, "
+                   "acceptance_lengths, mean_acceptance, tokens_per_second, new_tokens, steps "
+                   "(with --compare also baseline_output_ids, baseline_tokens_per_second, speedup)")
     return p
 
 
 def check_options(args) -> Prompt:
-    """The prompt the options give; options that contradict each other, or one the run would ignore, are refused
-    before any model is loaded."""
+    """The prompt the options give; options that contradict each other, or one the run would
+    ignore, are refused before any model is loaded."""
     if args.prompt is None and args.prompt_ids is None:
         raise UsageError("give a prompt with --prompt TEXT or --prompt-ids 1,2,3")
     if args.tree and args.draft_policy != "greedy":
@@ -68,7 +77,8 @@ def check_options(args) -> Prompt:
                "--draft-policy": args.draft_policy != "greedy"}
     for option, given in ignored.items():
         if args.no_draft and given:
-            raise UsageError(f"--no-draft decodes without the drafter, which {option} needs: give one of them")
+            raise UsageError(f"--no-draft decodes without the drafter, which {option} needs: "
+                             "give one of them")
     return (Prompt("--prompt", text=args.prompt) if args.prompt_ids is None
             else Prompt("--prompt-ids", ids=args.prompt_ids))
 

@@ -1,7 +1,7 @@
 """Qwen3 from scratch: the config, the building blocks, the static KV cache, the model.
 
-It computes exactly what the official Qwen3 implementation computes. The official checkpoint
-layout is `dflash/checkpoint.py`'s job; the drafter (`dflash/drafter.py`) reuses the blocks and the cache.
+It computes exactly what the official Qwen3 implementation computes. The checkpoint layout is
+`dflash/checkpoint.py`'s job; the drafter (`dflash/drafter.py`) reuses the blocks and the cache.
 """
 
 from __future__ import annotations
@@ -38,21 +38,22 @@ class Qwen3Config:
 
     @classmethod
     def from_dict(cls, raw: dict, source: str = "config.json") -> "Qwen3Config":
-        """Build a config from `config.json`, refusing by name every field whose meaning we do not implement."""
+        """Build a config from `config.json`, refusing by name every field we do not implement."""
         return cls(**checkpoint.qwen3_fields(raw, source, [f.name for f in fields(cls)]))
 
     def to_dict(self) -> dict:
         """The fields of an official Qwen3 `config.json`."""
-        return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_act": "silu", **asdict(self),
-                "rope_scaling": None, "sliding_window": None, "use_sliding_window": False,
-                "layer_types": ["full_attention"] * self.num_hidden_layers}
+        layer_types = ["full_attention"] * self.num_hidden_layers
+        return {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_act": "silu",
+                **asdict(self), "rope_scaling": None, "sliding_window": None,
+                "use_sliding_window": False, "layer_types": layer_types}
 
 
 # ------------------------------------------------------------------ building blocks
 
 
 class RMSNorm(nn.Module):
-    """Scale each vector to unit root-mean-square; computed in float32 as the official code does."""
+    """Scale each vector to unit root-mean-square; in float32, as the official code does."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -66,8 +67,8 @@ class RMSNorm(nn.Module):
 
 
 class RotaryEmbedding(nn.Module):
-    """RoPE's cos/sin of `position * inv_freq`, computed per call: no table sized for the longest sequence.
-    `inv_freq` stays float32 whatever the weights' dtype, as the official code keeps it."""
+    """RoPE's cos/sin of `position * inv_freq`, computed per call (no table sized for the longest
+    sequence). `inv_freq` stays float32 whatever the weights' dtype, as in the official code."""
 
     def __init__(self, head_dim: int, theta: float):
         super().__init__()
@@ -75,11 +76,12 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", self.inverse_frequencies(), persistent=False)
 
     def inverse_frequencies(self, device=None) -> torch.Tensor:
-        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device) / self.head_dim
-        return 1.0 / (self.theta**exponents)  # (head_dim/2,)
+        exponents = torch.arange(0, self.head_dim, 2, dtype=torch.float32, device=device)
+        return 1.0 / (self.theta**(exponents / self.head_dim))  # (head_dim/2,)
 
     def _apply(self, fn, recurse=True):
-        """`.to()`, `.to_empty()`... move `inv_freq` but keep it exact, in float32 (bf16's is 3.5 rad off at 3,000)."""
+        """`.to()`, `.to_empty()`... move `inv_freq` but keep it exact, in float32 (bf16's is 3.5
+        rad off at 3,000)."""
         super()._apply(fn, recurse)
         self.inv_freq = self.inverse_frequencies(self.inv_freq.device)
         return self
@@ -93,67 +95,65 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate pairs (x[i], x[i + head_dim/2]) by each position's angle (the official split-half RoPE)."""
+    """Rotate pairs (x[i], x[i + head_dim/2]) by each position's angle (split-half RoPE)."""
     first, second = x.chunk(2, dim=-1)
     rotated_half = torch.cat([-second, first], dim=-1)
-    return x * cos + rotated_half * sin  # x: (batch, heads, seq, head_dim), cos/sin broadcast over heads
+    return x * cos + rotated_half * sin  # x: (batch, heads, seq, hd); cos/sin broadcast over heads
 
 
-Rope = tuple[torch.Tensor, torch.Tensor]  # cos and sin at a chunk's positions, (..., seq, head_dim) each
+Rope = tuple[torch.Tensor, torch.Tensor]  # cos and sin at a chunk's positions, (..., seq, hd) each
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-"""How a pass's queries read keys: (q, k, v) -> heads, knowing which keys each query may see. One per
-pass, shared by its layers. Three exist: `masked` below (SDPA, the default everywhere),
+"""How a pass's queries read keys: (q, k, v) -> heads, knowing which keys each query may see. One
+per pass, shared by its layers. Three exist: `masked` below (SDPA, the default everywhere),
 `filled_blocks` (dflash/flex_reads.py: FlexAttention visiting only a long cache's filled key blocks)
 and `AnchoredBlocks.attend` (dflash/train_kernels.py: training's blocks, skipping hidden keys)."""
 
 
 def masked(mask) -> Attend:
-    """SDPA under `mask`: a boolean tensor (..., seq or 1, keys), True where a query may look; a causal
-    bias (`causal_lower_right`); or None, every key. The last two keep SDPA's fused kernels open,
-    which a boolean mask may close.
-
-    Query head h reads key/value head h // (heads // kv_heads): SDPA's `enable_gqa` does that
-    without copying keys and values. q (batch, heads, seq, d), k, v (batch, kv_heads, keys, d).
-    The attention function is SDPA itself with the mask bound (no wrapper of ours in between).
-    """
+    """SDPA itself, `mask` bound: a boolean (..., seq or 1, keys), True where a query may look; a
+    causal bias (`causal_lower_right`); or None, every key (the last two keep the fused kernels
+    open). q (batch, heads, seq, d), k, v (batch, kv_heads, keys, d): query head h reads key/value
+    head h // (heads // kv_heads), by `enable_gqa`, without copying keys and values."""
     return functools.partial(F.scaled_dot_product_attention, attn_mask=mask, enable_gqa=True)
 
 
 class Attention(nn.Module):
-    """Grouped-query attention with Qwen3's per-head RMSNorm on queries and keys, in three parts (`queries`,
-    `keys_values`, `output`): the drafter projects the target's context with these weights."""
+    """Grouped-query attention with Qwen3's per-head RMSNorm on queries and keys, in three parts
+    (`queries`, `keys_values`, `output`): the drafter projects the target's context with these."""
 
     def __init__(self, config: Qwen3Config, layer_index: int = 0):
         super().__init__()
-        c = config
-        self.num_heads, self.num_kv_heads, self.head_dim = c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        c, bias = config, config.attention_bias
+        self.num_heads, self.num_kv_heads = c.num_attention_heads, c.num_key_value_heads
+        self.head_dim = c.head_dim
         self.layer_index = layer_index  # which layer's keys and values it writes in a KVCache
-        self.q_proj = nn.Linear(c.hidden_size, c.num_attention_heads * c.head_dim, bias=c.attention_bias)
-        self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=c.attention_bias)
-        self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=c.attention_bias)
-        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=c.attention_bias)
+        self.q_proj = nn.Linear(c.hidden_size, c.num_attention_heads * c.head_dim, bias=bias)
+        self.k_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=bias)
+        self.v_proj = nn.Linear(c.hidden_size, c.num_key_value_heads * c.head_dim, bias=bias)
+        self.o_proj = nn.Linear(c.num_attention_heads * c.head_dim, c.hidden_size, bias=bias)
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps)
 
     def queries(self, x: torch.Tensor, rope: Rope) -> torch.Tensor:
         batch, seq, _ = x.shape
-        q = self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim)  # (batch, seq, heads, head_dim)
+        q = self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim)  # (b, seq, heads, hd)
         return apply_rope(self.q_norm(q.transpose(1, 2)), *rope)  # (batch, heads, seq, head_dim)
 
     def keys_values(self, x: torch.Tensor, rope: Rope) -> tuple[torch.Tensor, torch.Tensor]:
         batch, seq, _ = x.shape
-        k = self.k_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)  # (batch, seq, kv_heads, hd)
-        v = self.v_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)  # (batch, seq, kv_heads, hd)
-        return apply_rope(self.k_norm(k.transpose(1, 2)), *rope), v.transpose(1, 2)  # (b, kv_h, seq, hd)
+        k = self.k_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)  # (b, seq, kv_h, hd)
+        v = self.v_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)  # (b, seq, kv_h, hd)
+        k = self.k_norm(k.transpose(1, 2))  # (b, kv_h, seq, hd)
+        return apply_rope(k, *rope), v.transpose(1, 2)  # (b, kv_h, seq, hd) each
 
     def output(self, heads: torch.Tensor) -> torch.Tensor:
         batch, _, seq, _ = heads.shape  # heads: (batch, heads, seq, head_dim)
-        return self.o_proj(heads.transpose(1, 2).reshape(batch, seq, -1))  # (batch, seq, heads * head_dim) -> hidden
+        return self.o_proj(heads.transpose(1, 2).reshape(batch, seq, -1))  # (b, seq, heads * hd)
 
     def forward(self, x: torch.Tensor, rope: Rope, attend: Attend, cache: "KVCache | None",
                 slots: torch.Tensor | None) -> torch.Tensor:
-        """x (batch, seq, hidden); with a `cache`, the chunk's keys and values are written at `slots`
-        (seq,) and attention reads every key the cache hands back."""
+        """x (batch, seq, hidden); with a `cache`, the chunk's keys and values are written at
+        `slots` (seq,) and attention reads every key the cache hands back."""
         q = self.queries(x, rope)
         k, v = self.keys_values(x, rope)
         if cache is not None:
@@ -195,46 +195,43 @@ class DecoderLayer(nn.Module):
 
 class KVCache:
     """Preallocated keys and values, one pair of tensors per layer, written by position.
+    Slots 0..length-1 hold the committed sequence. A pass writes its chunk right after them; the
+    caller commits what it keeps (`extend`) or cuts the rejected tail (`trim`), overwritten before
+    anything reads it. A compiled pass needs one shape: a runner sets `fixed_shape` for it, to read
+    the first `read_limit` slots (all, or a bucket: `dflash.compiled.keys_bucket`) under a position
+    mask hiding every slot past the query. An eager pass reads what it needs."""
 
-    Slots 0..length-1 hold the committed sequence. A pass writes its chunk right after them and
-    the caller commits what it keeps (`extend`) or cuts the rejected tail (`trim`): the next
-    chunk overwrites it before anything reads it. A compiled pass needs one shape, so with
-    `fixed_shape` it reads the first `read_limit` slots (the whole buffer unless a runner narrows it to
-    a bucket, `dflash.compiled.keys_bucket`) and the position mask hides every slot past the query.
-    A runner sets both for the length of one compiled pass: an eager pass reads what it needs.
-    """
-
-    def __init__(self, num_layers: int, batch: int, num_kv_heads: int, max_length: int, head_dim: int, *,
-                 device=None, dtype=torch.float32):
+    def __init__(self, num_layers: int, batch: int, num_kv_heads: int, max_length: int,
+                 head_dim: int, *, device=None, dtype=torch.float32):
         shape = (batch, num_kv_heads, max_length, head_dim)
         self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
-        self.max_length = max_length
-        self.length = 0
-        self.fixed_shape = False
+        self.max_length, self.length, self.fixed_shape = max_length, 0, False
         self.read_limit = max_length  # what a fixed-shape pass reads; a runner sets it per bucket
 
     @classmethod
-    def for_layers(cls, config: Qwen3Config, like: torch.Tensor, max_length: int, batch: int = 1) -> "KVCache":
-        """A cache for a stack of layers shaped by `config`, on the device and in the dtype of `like`."""
-        return cls(config.num_hidden_layers, batch, config.num_key_value_heads, max_length, config.head_dim,
-                   device=like.device, dtype=like.dtype)
+    def for_layers(cls, config: Qwen3Config, like: torch.Tensor, max_length: int,
+                   batch: int = 1) -> "KVCache":
+        """A cache for a stack of layers shaped by `config`, on the device and dtype of `like`."""
+        return cls(config.num_hidden_layers, batch, config.num_key_value_heads, max_length,
+                   config.head_dim, device=like.device, dtype=like.dtype)
 
     def keys_to_read(self, chunk: int) -> int:
-        """How many slots attention reads for a chunk of `chunk` new positions: the committed ones and the chunk,
-        or with `fixed_shape` the first `read_limit` (the position mask hides what lies ahead)."""
+        """How many slots attention reads for `chunk` new positions: the committed ones and the
+        chunk, or with `fixed_shape` the first `read_limit` (the position mask hides the rest)."""
         return self.read_limit if self.fixed_shape else self.length + chunk
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
-        """Store a chunk's k, v (batch, kv_heads, seq, head_dim) at `slots` (seq,), right after the
-        committed ones; return the `keys_to_read(seq)` first slots of the layer's keys and values."""
+        """Store a chunk's k, v (batch, kv_heads, seq, head_dim) at `slots` (seq,), after the
+        committed ones; return the first `keys_to_read(seq)` slots of the layer's keys, values."""
         self.keys[layer].index_copy_(2, slots, k)
         self.values[layer].index_copy_(2, slots, v)
         num_keys = self.keys_to_read(len(slots))
         return self.keys[layer][:, :, :num_keys], self.values[layer][:, :, :num_keys]
 
     def compact(self, sources: torch.Tensor, first: int) -> None:
-        """Move a draft tree's accepted path from `sources` (n,) to first..first+n-1 (gathered first: may overlap)."""
+        """Move a draft tree's accepted path from `sources` (n,) to first..first+n-1 (gathered
+        first: they may overlap)."""
         destinations = torch.arange(first, first + len(sources), device=sources.device)
         for buffer in self.keys + self.values:
             buffer.index_copy_(2, destinations, buffer.index_select(2, sources))
@@ -242,36 +239,35 @@ class KVCache:
     def extend(self, count: int) -> None:
         """Commit the `count` positions just written after the committed ones."""
         if self.length + count > self.max_length:
-            raise ValueError(f"cannot commit {count} more positions to a cache of {self.max_length} "
-                             f"holding {self.length}")
+            raise ValueError(f"cannot commit {count} more positions to a cache of "
+                             f"{self.max_length} holding {self.length}")
         self.length += count
 
     def trim(self, length: int) -> None:
-        """Forget everything from position `length` on, in O(1); only shortens (longer would commit unwritten slots)."""
+        """Forget from position `length` on, in O(1); only shortens (longer: unwritten slots)."""
         if not 0 <= length <= self.length:
             raise ValueError(f"cannot trim a cache holding {self.length} positions to {length}")
         self.length = length
 
 
-def causal_mask(positions: torch.Tensor, num_keys: int, key_padding: torch.Tensor | None = None) -> torch.Tensor:
-    """True where a query at `positions[i]` may attend to key slot j: j <= positions[i], whatever the slot holds.
-
-    `key_padding` (batch, >= num_keys), True for real tokens, hides left-padding in batched generation.
-    """
+def causal_mask(positions: torch.Tensor, num_keys: int,
+                key_padding: torch.Tensor | None = None) -> torch.Tensor:
+    """True where a query at `positions[i]` may attend to key slot j: j <= positions[i], whatever
+    the slot holds. `key_padding` (batch, >= num_keys), True for real tokens, hides left-padding."""
     key_positions = torch.arange(num_keys, device=positions.device)
     mask = key_positions[None, :] <= positions[:, None]  # (seq, keys)
     if key_padding is not None:
         itself = key_positions[None, :] == positions[:, None]  # (seq, keys)
         # A padding query sees itself: a fully masked row turns into NaN in some attention kernels.
-        mask = (mask[None, None] & key_padding[:, None, None, :num_keys]) | itself  # (batch, 1, seq, keys)
+        mask = (mask[None, None] & key_padding[:, None, None, :num_keys]) | itself  # (b,1,seq,keys)
     return mask
 
 
-def default_causal_mask(positions: torch.Tensor, cache: KVCache | None, key_padding: torch.Tensor | None,
-                        after_the_committed: bool):
-    """The mask of a forward given no attention: queries at `positions` (seq,) read the committed keys
-    and themselves, causally. Where they are the last of the keys read (`after_the_committed`, no
-    padding, no fixed-shape read), a causal bias aligned to the lower right says so, which SDPA's fused
+def default_causal_mask(positions: torch.Tensor, cache: KVCache | None,
+                        key_padding: torch.Tensor | None, after_the_committed: bool):
+    """The mask of a forward given no attention: queries at `positions` (seq,) read the committed
+    keys and themselves, causally. Where they are the last keys read (`after_the_committed`, no
+    padding, no fixed-shape read), a causal bias aligned to the lower right, which SDPA's fused
     kernels take; otherwise a boolean mask (`causal_mask`)."""
     seq = len(positions)
     num_keys = cache.keys_to_read(seq) if cache is not None else seq
@@ -281,16 +277,15 @@ def default_causal_mask(positions: torch.Tensor, cache: KVCache | None, key_padd
     return causal_mask(positions, num_keys, key_padding)
 
 
-def tree_mask_over_cache(slots: torch.Tensor, tree_mask: torch.Tensor, num_keys: int) -> torch.Tensor:
-    """True where query i of a chunk written at `slots` (seq,) may attend to key slot j.
-
-    Every query sees the committed slots and, within the chunk, entry j where tree_mask[i, j]
-    (a draft tree's ancestors and itself). Tensors only, so a compiled pass keeps one graph.
-    """
+def tree_mask_over_cache(slots: torch.Tensor, tree_mask: torch.Tensor,
+                         num_keys: int) -> torch.Tensor:
+    """True where query i of a chunk written at `slots` (seq,) may attend to key slot j: every query
+    sees the committed slots and, within the chunk, entry j where tree_mask[i, j] (a draft tree's
+    ancestors and itself). Tensors only, so a compiled pass keeps one graph."""
     key_slots = torch.arange(num_keys, device=slots.device)
     committed = key_slots[None, :] < slots[0]  # (1, keys): the context before the chunk
     within = torch.zeros(tree_mask.shape[0], num_keys, dtype=torch.bool, device=slots.device)
-    within = within.index_copy(1, slots, tree_mask)  # (seq, keys): column j of tree_mask lands at slot slots[j]
+    within = within.index_copy(1, slots, tree_mask)  # (seq, keys): tree_mask's column j at slots[j]
     return committed | within  # (seq, keys)
 
 
@@ -298,9 +293,8 @@ def tree_mask_over_cache(slots: torch.Tensor, tree_mask: torch.Tensor, num_keys:
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
-    """The greedy token, the first index on a tie: (..., vocab) -> (...); `max` is faster than `argmax` on the CPU."""
+    """The greedy token, the first index on a tie: (..., vocab) -> (...); `max` is faster on CPU."""
     return logits.max(dim=-1).indices
-
 
 
 class Qwen3(nn.Module):
@@ -308,13 +302,13 @@ class Qwen3(nn.Module):
 
     def __init__(self, config: Qwen3Config):
         super().__init__()
-        self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta)
-        tied = config.tie_word_embeddings  # then the logits use embed_tokens.weight
-        self.lm_head = None if tied else nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        c = self.config = config
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(c, i) for i in range(c.num_hidden_layers))
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps)
+        self.rotary = RotaryEmbedding(c.head_dim, c.rope_theta)
+        tied = c.tie_word_embeddings  # then the logits use embed_tokens.weight
+        self.lm_head = None if tied else nn.Linear(c.hidden_size, c.vocab_size, bias=False)
 
     @property
     def head_weight(self) -> torch.Tensor:
@@ -332,14 +326,10 @@ class Qwen3(nn.Module):
                 key_padding: torch.Tensor | None = None,
                 last_layer: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Run input_ids (batch, seq); return the normed hidden states and `capture_layers`' outputs
-        side by side.
-
-        `positions` (seq,) are also the cache slots written, by default right after what the cache
-        has committed (the forward never commits). `attend` defaults to causal attention over the
-        cache (`key_padding` (batch, keys), True for real tokens, hides a batch's left padding); a
-        draft tree passes its own, and writes token i at `slots[i]`. `last_layer` stops early, its
-        output then not normed.
-        """
+        side by side. `positions` (seq,), by default right after the cache's committed ones, are
+        also the slots written (nothing is committed). `attend` defaults to causal attention over
+        the cache (`key_padding` (batch, keys) hides left padding); a draft tree passes its own and
+        writes token i at `slots[i]`. `last_layer` stops early, its output then not normed."""
         after_the_committed = positions is None
         if positions is None:
             start = cache.length if cache is not None else 0
@@ -349,8 +339,9 @@ class Qwen3(nn.Module):
         slots = positions if slots is None else slots
         x = self.embed_tokens(input_ids)  # (batch, seq, hidden)
         rope = self.rotary(positions, x.dtype)  # cos, sin: (seq, head_dim) each
-        captured = [None] * len(capture_layers)  # only these are kept: a long prefill holds no other
-        for index, layer in enumerate(self.layers if last_layer is None else self.layers[:last_layer + 1]):
+        captured = [None] * len(capture_layers)  # only these kept: a long prefill holds no other
+        layers = self.layers if last_layer is None else self.layers[:last_layer + 1]
+        for index, layer in enumerate(layers):
             x = layer(x, rope, attend, cache, slots)
             if index == len(self.layers) - 1:
                 x = self.norm(x)  # the official hidden_states[-1] is after the final norm
@@ -368,9 +359,11 @@ class Qwen3(nn.Module):
     def from_pretrained(cls, path, device="cpu", dtype: torch.dtype = torch.float32) -> "Qwen3":
         """Load an official Qwen3 checkpoint folder (single file or sharded)."""
         path = checkpoint.checkpoint_folder(path, "checkpoint")
-        config = Qwen3Config.from_dict(checkpoint.read_json(path / "config.json"), str(path / "config.json"))
-        unused = frozenset({"lm_head.weight"} if config.tie_word_embeddings else ())  # a tied copy may still be there
-        return checkpoint.load_pretrained(cls, config, path, official_names, device, dtype, skip=unused)
+        file = path / "config.json"
+        config = Qwen3Config.from_dict(checkpoint.read_json(file), str(file))
+        unused = frozenset({"lm_head.weight"} if config.tie_word_embeddings else ())  # a tied copy
+        return checkpoint.load_pretrained(cls, config, path, official_names, device, dtype,
+                                          skip=unused)
 
     def save_pretrained(self, path, dtype: torch.dtype | None = None) -> None:
         """Write `config.json` and `model.safetensors` in the official layout, atomically."""
@@ -378,5 +371,6 @@ class Qwen3(nn.Module):
 
 
 def official_names(model: nn.Module) -> dict[str, str]:
-    """The checkpoint's tensor names -> this model's: the same dotted paths, under `model.` but for the LM head."""
-    return {name if name.startswith("lm_head.") else f"model.{name}": name for name, _ in model.named_parameters()}
+    """The checkpoint's tensor names -> this model's: the same paths, under `model.` but lm_head."""
+    return {name if name.startswith("lm_head.") else f"model.{name}": name
+            for name, _ in model.named_parameters()}
