@@ -680,13 +680,13 @@ def draw_ancestor_mask(tree_mask: torch.Tensor, whole: torch.Tensor, labels: lis
 
 
 def draw_compaction(labels: list[str], held_after: list[int], path: list[int], *, start: int):
-    """The tree's cache slots after verify_tree (node i at start + i) and after keep_path (the path first,
+    """The tree's cache slots after verify_tree (node i at start + i) and after commit_path (the path first,
     then stale nodes); `held_after[j]` is the node whose keys slot start + j holds after the move."""
     plt = pyplot()
     nodes = len(labels)
     fig, axes = plt.subplots(2, 1, figsize=(12, 2.6))
     stages = ((range(nodes), "after verify_tree: node i at slot start + i", False),
-              (held_after, "after keep_path: the path at start, start + 1, ...; the rest is stale", True))
+              (held_after, "after commit_path: the path at start, start + 1, ...; the rest is stale", True))
     for ax, (held, title, after) in zip(axes, stages):
         for j, node in enumerate(held):
             kept = node in path and (not after or j < len(path))
@@ -863,7 +863,7 @@ def draw_drafter_costs(sizes: list[int], t_draft: dict, t_ar: dict, t_decode: fl
 
 
 class TimelineClock:
-    """A runner's `clock` that keeps every pass, where `dflash.measure.PhaseClock` keeps sums.
+    """A clock for `dflash.measure.Timed` that keeps every pass, where `dflash.measure.PhaseClock` keeps sums.
 
     Each pass becomes (phase, start, length), in milliseconds since the clock was made; on a GPU it waits
     for queued work before each reading, as PhaseClock does. `stamp` records when a token was committed
