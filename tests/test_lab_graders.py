@@ -326,6 +326,19 @@ WRONG = {
             "            if len(new_ids) == max_new_tokens or new_ids[-1] in stop_ids:",
             "            if len(new_ids) == max_new_tokens:")]),
     ],
+    "09_capstone_tree": [
+        ("one step down the tree at most", [replace(
+            "        while (path[-1], target_tokens[path[-1]]) in children:",
+            "        if (path[-1], target_tokens[path[-1]]) in children:")]),
+        ("the root committed alone", [replace("runner.commit_path(path)", "runner.commit_path(path[:1])")]),
+        ("the next step opens with the last draft", [replace(
+            "        last = kept[-1]", "        last = kept[-2] if len(kept) > 1 else kept[-1]")]),
+        ("the project's walk imported", [
+            prepend("from dflash.tree import walk"),
+            replace("        path = [0]  # from the root", "        path = walk(tree, target_tokens)  # "),
+            replace("        while (path[-1], target_tokens[path[-1]]) in children:\n"
+                    "            path.append(children[path[-1], target_tokens[path[-1]]])\n", "")]),
+    ],
     "08_ar_pass_budget": [
         ("block passes, not block - 1", [replace("room / (block - 1)", "room / block")]),
         ("the rest of the step forgotten", [replace(" - costs.rest  #", "  #")]),

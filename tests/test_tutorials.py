@@ -144,7 +144,7 @@ DERIVED = [
     ("8", "4.16", (1 - 0.8 ** 8) / 0.2),
     ("8", "8.15", (1 - 0.9 ** 16) / 0.1),
     ("8", "206", 989 / 4.8),  # the H200's ridge
-    ("8", "0.55", 3.99 - 3.44),  # the prefill's share of the block-16 prediction, from the printed table
+    ("8", "0.48", 3.63 - 3.15),  # the prefill's share of the block-16 prediction, from the printed table
     ("8", "295", 989 / 3.35),
 ]
 

@@ -123,6 +123,8 @@ def test_capstone(lab, demo):
             mine = fresh_runner(target, drafter, block, prompt, new)
             try:
                 new_ids, lengths = lab.my_generate_dflash(mine, prompt, new, stops)
+            except NotImplementedError:
+                raise  # not written yet
             except Exception:
                 assert_steps_match(mine, right, name, finished=False)  # names the wrong step, if one is
                 raise
