@@ -113,10 +113,6 @@ class Drafter(nn.Module):
                  else layer(*inputs))
         return self.norm(x)
 
-    def new_cache(self, max_length: int, batch: int = 1) -> KVCache:
-        """A cache of the injected context's keys and values (the block's are overwritten)."""
-        return KVCache.for_layers(self.config.layers, self.fc.weight, max_length, batch)
-
     @classmethod
     def from_pretrained(cls, path, target: Qwen3 | None = None, device="cpu",
                         dtype: torch.dtype = torch.float32, trainable: bool = False) -> "Drafter":

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from dflash.drafter import Drafter, default_target_layer_ids
 from dflash.checkpoint import CheckpointError
-from dflash.qwen3 import Qwen3
+from dflash.qwen3 import KVCache, Qwen3
 from tests.reference import as_the_reference_was_made
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -55,7 +55,7 @@ def test_cached_context_gives_the_same_draft(pair):
     target, drafter, ref = pair
     context_positions, block_positions = split_positions(ref)
     features, block = ref["context_features"], target.embed_tokens(ref["block_ids"])
-    cache = drafter.new_cache(64)
+    cache = KVCache.for_layers(drafter.config.layers, drafter.fc.weight, 64)
     first_block = block_positions - block_positions[0] + 6  # right after the first 6 context positions
     drafter(features[:, :6], block, context_positions[:6], first_block, cache=cache)
     cache.extend(6)  # keep the context; the block's slots were scratch

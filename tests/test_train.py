@@ -23,7 +23,7 @@ from dflash import data, evaluation, training
 from dflash.cli import UsageError
 from dflash.drafter import Drafter, DrafterConfig
 from dflash.prompts import Prompt, encode_for_generation, encode_prompt, read_prompts
-from dflash.qwen3 import Qwen3, Qwen3Config
+from dflash.qwen3 import KVCache, Qwen3, Qwen3Config
 from dflash.tokenizer import load_tokenizer
 from dflash.train_kernels import AnchoredBlocks
 
@@ -196,7 +196,7 @@ def test_training_forward_matches_the_inference_draft():
     anchors = torch.tensor([[5, 9]])
     together = draft_all_blocks(drafter, features, embeddings, anchors)
     for j, a in enumerate(anchors[0].tolist()):
-        cache = drafter.new_cache(16)
+        cache = KVCache.for_layers(drafter.config.layers, drafter.fc.weight, 16)
         alone = drafter(features[:, :a], embeddings[:, 4 * j:4 * j + 4], torch.arange(a), torch.arange(a, a + 4),
                         cache=cache)
         torch.testing.assert_close(together[:, 4 * j:4 * j + 4], alone, atol=1e-5, rtol=1e-5)
