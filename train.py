@@ -37,8 +37,8 @@ from dflash.train_config import (  # noqa: F401 (DEFAULT_*, build_drafter_config
 from dflash.train_kernels import AnchoredBlocks, chunked_lm_head_loss
 from dflash.training import (LOG_FILE, STATE_FILE, Distributed, LogTally, Signals,
                              anchor_generator, apply_gradients, cosine_with_warmup,
-                             distributed_run, freeze, global_batch_items, gradient_sync,
-                             full_weights, init_weights as init_drafter, owned_run_folder, resume,
+                             distributed_run, freeze, full_weights, global_batch_items,
+                             gradient_sync, init_weights as init_drafter, owned_run_folder, resume,
                              save_checkpoint, share_of_batch, steps_per_epoch,
                              wrap_for_training, write_log)
 
@@ -229,7 +229,7 @@ class Run:
     last_save: float = 0.0
     tokens_seen: int = 0
 
-    def elapsed(self) -> float:
+    def elapsed(self) -> float:  # seconds trained: this job's, and those before a resume
         return self.elapsed_before + time.perf_counter() - self.began
 
 
@@ -241,8 +241,8 @@ def start_run(cfg: TrainConfig, place: Distributed) -> Run:
     target = freeze(target)
     tokenizer = find_tokenizer(Path(cfg.tokenizer or cfg.target), cfg.tokenizer is not None)
     drafter = starting_drafter(cfg, target, tokenizer)
-    limit = min(cfg.max_seq_len, target.config.max_position_embeddings)  # past them: positions
-    sequences = load_sequences(Path(cfg.data), limit, target.config.vocab_size,  # it never had
+    limit = min(cfg.max_seq_len, target.config.max_position_embeddings)  # no position it lacks
+    sequences = load_sequences(Path(cfg.data), limit, target.config.vocab_size,
                                target_config=Path(cfg.target) / "config.json")
     if sequences.cut and place.main:
         print(cut_note(sequences, limit, cfg.max_seq_len), file=sys.stderr)
