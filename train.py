@@ -389,9 +389,9 @@ def train_from_args(args: argparse.Namespace) -> int:
     try:
         with distributed_run(args.device) as place:
             record = train(starting_or_resuming(TrainConfig(**vars(args))), place)
-    except KeyboardInterrupt:  # a second Ctrl-C: at once, but never in the middle of a save
-        print(f"stopped at once by a second SIGINT: {args.out} keeps its last complete checkpoint; "
-              f"to continue, run the same command with --resume", file=sys.stderr)
+    except KeyboardInterrupt:  # a second Ctrl-C (or one before training): at once, never mid-save
+        print(f"stopped at once by SIGINT: {args.out} keeps its last complete checkpoint, if one "
+              f"was saved (to continue, run the same command with --resume)", file=sys.stderr)
         return 128 + signal.SIGINT
     if "stopped_by" not in record:
         return 0
