@@ -32,8 +32,8 @@ from dflash.evaluation import evaluate, held_out
 from dflash.qwen3 import Qwen3, masked
 from dflash.tokenizer import find_tokenizer, stop_token_ids
 from dflash.train_config import (  # noqa: F401 (DEFAULT_*, build_drafter_config: notebook 4's)
-    DEFAULT_BLOCK_SIZE, DEFAULT_DRAFTER_LAYERS, MAY_CHANGE_ON_RESUME, TrainConfig,
-    build_drafter_config, build_parser, check_sizes, starting_drafter, starting_or_resuming)
+    DEFAULT_BLOCK_SIZE, DEFAULT_DRAFTER_LAYERS, MAY_CHANGE_ON_RESUME, TrainConfig, build_parser,
+    build_drafter_config, check_sizes, save_dtype, starting_drafter, starting_or_resuming)
 from dflash.train_kernels import AnchoredBlocks, chunked_lm_head_loss
 from dflash.training import (LOG_FILE, STATE_FILE, Distributed, LogTally, Signals,
                              anchor_generator, apply_gradients, cosine_with_warmup,
@@ -258,7 +258,7 @@ def start_run(cfg: TrainConfig, place: Distributed) -> Run:
     weights = slot_weights(block_size, cfg.gamma or gamma_for_block_size(block_size))
     saved = {"target_config": asdict(target.config), "train_config": asdict(cfg),
              "drafter_config": drafter.config.to_dict(), "data_sha256": sequences.sha256,
-             "global_batch": global_batch}
+             "global_batch": global_batch, "save_dtype": save_dtype(cfg, target.head_weight.dtype)}
     run = Run(cfg, place, target, model, drafter.config, optimizer, scheduler, sequences, weights,
               saved, global_batch, total_steps, min(total_steps, cfg.stop_at or total_steps),
               LogTally.zeros(block_size, device))

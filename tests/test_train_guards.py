@@ -296,3 +296,18 @@ def test_fsdp_without_torchrun_is_refused(tmp_path, capsys, no_training):
     error = one_error_line(capsys, argv(write_data(tmp_path / "d.jsonl"), tmp_path / "run",
                                         "--fsdp"))
     assert "--fsdp" in error and "torchrun" in error
+
+
+def test_the_drafter_is_saved_in_the_dtype_it_is_served_in(tmp_path):
+    """--save-dtype bfloat16: model.safetensors (and its config) in bf16, the float32 run's weights
+    rounded; the training state keeps float32, so the run resumes as exactly as before."""
+    data = write_data(tmp_path / "d.jsonl")
+    assert train.main(argv(data, tmp_path / "f32")) == 0
+    assert train.main(argv(data, tmp_path / "bf16", "--save-dtype", "bfloat16", "--stop-at", "3")) == 0
+    assert train.main(argv(data, tmp_path / "bf16", "--resume", "--save-dtype", "bfloat16")) == 0
+    full, served = weights_of(tmp_path / "f32"), weights_of(tmp_path / "bf16")
+    assert all(served[name].dtype == torch.bfloat16 for name in served)
+    assert all(torch.equal(served[name], full[name].to(torch.bfloat16)) for name in full)
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    state = torch.load(tmp_path / "bf16" / "training_state.pt", weights_only=True)
+    assert all(tensor.dtype == torch.float32 for tensor in state["model"].values())
