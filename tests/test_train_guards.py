@@ -272,10 +272,13 @@ def test_a_seed_past_64_bits_is_one_line(tmp_path, capsys, no_training):
 
 
 def test_a_float16_target_trains_on_the_cpu(tmp_path):
-    """The target in float16, the drafter in float32: its features are cast for it."""
+    """The target in float16, the drafter trained in float32 (its features are cast for it) and
+    saved in the target's dtype, as it would be served."""
     out = tmp_path / "run"
     assert train.main(argv(write_data(tmp_path / "d.jsonl"), out, "--dtype", "float16")) == 0
-    assert all(tensor.dtype == torch.float32 for tensor in weights_of(out).values())
+    assert all(tensor.dtype == torch.float16 for tensor in weights_of(out).values())
+    state = torch.load(out / "training_state.pt", weights_only=True)
+    assert all(tensor.dtype == torch.float32 for tensor in state["model"].values())
 
 
 @pytest.mark.parametrize("record, message", [
