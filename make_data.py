@@ -4,7 +4,8 @@ A drafter must guess what *this* target says, so it learns the target's own answ
 `generate.py` renders them, one JSONL line per prompt (`index` makes the file resumable; `input_ids` is the prompt,
 its last tokens if too long for the context, then the answer; `loss_mask` is 1 on the answer only; `settings`, how the
 answer was made, so that a resumed file never mixes answers made two ways):
-    {"index": 7, "input_ids": [151644, 872, ..., 151645], "loss_mask": [0, 0, ..., 1, 1], "settings": {...}}"""
+    {"index": 7, "input_ids": [151644, 872, ..., 151645], "loss_mask": [0, 0, ..., 1, 1], "settings": {...}}
+With --pack, the file is also written packed (dflash/data.py): flat arrays train.py memory-maps."""
 
 from __future__ import annotations
 

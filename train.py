@@ -32,13 +32,13 @@ from dflash.evaluation import evaluate, held_out
 from dflash.qwen3 import Qwen3, masked
 from dflash.tokenizer import find_tokenizer, stop_token_ids
 from dflash.train_config import (  # noqa: F401 (DEFAULT_*, build_drafter_config: notebook 4's)
-    DEFAULT_BLOCK_SIZE, DEFAULT_DRAFTER_LAYERS, MAY_CHANGE_ON_RESUME, TrainConfig,
-    build_drafter_config, build_parser, check_sizes, starting_drafter, starting_or_resuming)
+    DEFAULT_BLOCK_SIZE, DEFAULT_DRAFTER_LAYERS, MAY_CHANGE_ON_RESUME, TrainConfig, build_parser,
+    build_drafter_config, check_sizes, save_dtype, starting_drafter, starting_or_resuming)
 from dflash.train_kernels import AnchoredBlocks, chunked_lm_head_loss
 from dflash.training import (LOG_FILE, STATE_FILE, Distributed, LogTally, Signals,
                              anchor_generator, apply_gradients, cosine_with_warmup,
-                             distributed_run, freeze, global_batch_items, gradient_sync,
-                             full_weights, init_weights as init_drafter, owned_run_folder, resume,
+                             distributed_run, freeze, full_weights, global_batch_items,
+                             gradient_sync, init_weights as init_drafter, owned_run_folder, resume,
                              save_checkpoint, share_of_batch, steps_per_epoch,
                              wrap_for_training, write_log)
 
@@ -229,7 +229,7 @@ class Run:
     last_save: float = 0.0
     tokens_seen: int = 0
 
-    def elapsed(self) -> float:
+    def elapsed(self) -> float:  # seconds trained: this job's, and those before a resume
         return self.elapsed_before + time.perf_counter() - self.began
 
 
@@ -241,8 +241,8 @@ def start_run(cfg: TrainConfig, place: Distributed) -> Run:
     target = freeze(target)
     tokenizer = find_tokenizer(Path(cfg.tokenizer or cfg.target), cfg.tokenizer is not None)
     drafter = starting_drafter(cfg, target, tokenizer)
-    limit = min(cfg.max_seq_len, target.config.max_position_embeddings)  # past them: positions
-    sequences = load_sequences(Path(cfg.data), limit, target.config.vocab_size,  # it never had
+    limit = min(cfg.max_seq_len, target.config.max_position_embeddings)  # no position it lacks
+    sequences = load_sequences(Path(cfg.data), limit, target.config.vocab_size,
                                target_config=Path(cfg.target) / "config.json")
     if sequences.cut and place.main:
         print(cut_note(sequences, limit, cfg.max_seq_len), file=sys.stderr)
@@ -258,7 +258,7 @@ def start_run(cfg: TrainConfig, place: Distributed) -> Run:
     weights = slot_weights(block_size, cfg.gamma or gamma_for_block_size(block_size))
     saved = {"target_config": asdict(target.config), "train_config": asdict(cfg),
              "drafter_config": drafter.config.to_dict(), "data_sha256": sequences.sha256,
-             "global_batch": global_batch}
+             "global_batch": global_batch, "save_dtype": save_dtype(cfg, target.head_weight.dtype)}
     run = Run(cfg, place, target, model, drafter.config, optimizer, scheduler, sequences, weights,
               saved, global_batch, total_steps, min(total_steps, cfg.stop_at or total_steps),
               LogTally.zeros(block_size, device))
@@ -389,9 +389,9 @@ def train_from_args(args: argparse.Namespace) -> int:
     try:
         with distributed_run(args.device) as place:
             record = train(starting_or_resuming(TrainConfig(**vars(args))), place)
-    except KeyboardInterrupt:  # a second Ctrl-C: at once, but never in the middle of a save
-        print(f"stopped at once by a second SIGINT: {args.out} keeps its last complete checkpoint; "
-              f"to continue, run the same command with --resume", file=sys.stderr)
+    except KeyboardInterrupt:  # a second Ctrl-C (or one before training): at once, never mid-save
+        print(f"stopped at once by SIGINT: {args.out} keeps its last complete checkpoint, if one "
+              f"was saved (to continue, run the same command with --resume)", file=sys.stderr)
         return 128 + signal.SIGINT
     if "stopped_by" not in record:
         return 0

@@ -4,7 +4,9 @@ scripts stand on this module, never on each other.
 
 A record is one JSONL line: `input_ids` (the prompt, then the answer) and `loss_mask` (1 on the
 answer's tokens, 0 on the prompt's), each checked strictly: a `true` is not a token and a `"1"` or
-a NaN is not a mask value."""
+a NaN is not a mask value. Training reads the records as flat arrays (`Sequences`): from JSONL in
+memory (5 bytes a token), or memory-mapped from a packed folder (`pack`) that is never read whole,
+for data larger than a machine's memory."""
 
 from __future__ import annotations
 

@@ -23,7 +23,8 @@ DEFAULT_DRAFTER_LAYERS, DEFAULT_BLOCK_SIZE = 5, 16  # a new drafter's; --init-fr
 # (its size is compared). The rest must be as saved.
 MAY_CHANGE_ON_RESUME = ("resume", "force", "minutes", "stop_at", "eval_prompts", "eval_every",
                         "eval_max_new_tokens", "save_every", "save_every_minutes", "log_every",
-                        "device", "out", "data", "auto_resume", "batch_size", "grad_accum")
+                        "device", "out", "data", "auto_resume", "batch_size", "grad_accum",
+                        "save_dtype")
 
 
 @dataclass
@@ -76,8 +77,15 @@ class TrainConfig:
     auto_resume: bool = False  # resume if --out holds a checkpoint, else start
     device: str = "auto"
     dtype: str = "auto"  # the frozen target's: the drafter trains in float32
+    save_dtype: str = "auto"  # the saved drafter's: the target's, as engines serve it
 
 
+
+
+def save_dtype(cfg: TrainConfig, target_dtype: torch.dtype) -> str:
+    """--save-dtype made concrete: auto is the target's dtype, which serving engines run drafters
+    in (bfloat16 for real targets on CUDA)."""
+    return str(target_dtype).removeprefix("torch.") if cfg.save_dtype == "auto" else cfg.save_dtype
 
 
 def starting_or_resuming(cfg: TrainConfig) -> TrainConfig:
@@ -252,6 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--fsdp", action="store_true",
         help="under torchrun: shard the drafter (FSDP2) instead of replicating it")
     add_device_options(parser)  # --dtype is the frozen target's: the drafter trains in float32
+    add("--save-dtype", choices=["auto", "float32", "bfloat16", "float16"], help="the saved "
+        "drafter's weights (model.safetensors), as an engine serves them; auto: the target's "
+        "dtype (bfloat16 on CUDA); the training state keeps float32 whatever this is")
     defaults = asdict(TrainConfig())
     parser.set_defaults(**{name: value for name, value in defaults.items()
                            if name not in ("target", "data", "out")})  # required: no default

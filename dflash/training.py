@@ -184,7 +184,8 @@ def restore_snapshot(state: dict, model: nn.Module, optimizer, scheduler, place:
 def save_checkpoint(out: Path, model: nn.Module, optimizer, scheduler, place: Distributed,
                     run: dict, *, previous: int | None = None) -> None:
     """Into `out`: all a resume needs (`run`: the configs, the step, the time) and the trained model
-    (`config.json` + `model.safetensors`, as `from_pretrained` reads them), each file written
+    (`config.json` + `model.safetensors` in `run["save_dtype"]`, as `from_pretrained` reads them;
+    the training state keeps float32), each file written
     atomically, the training state first: it holds the weights too, so a crash or a full disk
     between the writes never pairs two steps' states. A write that fails is one line saying what
     is still whole (`previous`: the step of the last complete checkpoint). A collective call; the
@@ -200,7 +201,10 @@ def save_checkpoint(out: Path, model: nn.Module, optimizer, scheduler, place: Di
         raise UsageError(f"saving step {step} failed ({failure(err)}): {out} keeps {kept}; free "
                          f"some space, then run the same command with --resume") from None
     try:
-        save_tensors(out, state["model"], run["drafter_config"])
+        dtype = getattr(torch, run.get("save_dtype", "float32"))  # as served: bf16, say
+        weights = {name: tensor.to(dtype) if tensor.is_floating_point() else tensor
+                   for name, tensor in state["model"].items()}
+        save_tensors(out, weights, run["drafter_config"])
     except OSError as err:
         raise UsageError(f"saving step {step}'s drafter failed ({failure(err)}): its training "
                          f"state is complete; free some space, then run the same command with "

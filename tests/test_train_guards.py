@@ -177,7 +177,7 @@ def test_a_second_sigint_during_a_save_waits_for_the_save(tmp_path, capsys, monk
     except KeyboardInterrupt:  # what the starting commit let through, mid-save
         status = "KeyboardInterrupt"
     lines = capsys.readouterr().err.strip().splitlines()
-    assert status == 130 and lines[-1].startswith("stopped at once by a second SIGINT"), lines
+    assert status == 130 and lines[-1].startswith("stopped at once by SIGINT"), lines
     assert torch.load(out / "training_state.pt", weights_only=True)["step"] == 2
     monkeypatch.setattr(training, "save_training_state", real_save)
     assert train.main(argv(data, out, "--resume")) == 0
@@ -272,10 +272,13 @@ def test_a_seed_past_64_bits_is_one_line(tmp_path, capsys, no_training):
 
 
 def test_a_float16_target_trains_on_the_cpu(tmp_path):
-    """The target in float16, the drafter in float32: its features are cast for it."""
+    """The target in float16, the drafter trained in float32 (its features are cast for it) and
+    saved in the target's dtype, as it would be served."""
     out = tmp_path / "run"
     assert train.main(argv(write_data(tmp_path / "d.jsonl"), out, "--dtype", "float16")) == 0
-    assert all(tensor.dtype == torch.float32 for tensor in weights_of(out).values())
+    assert all(tensor.dtype == torch.float16 for tensor in weights_of(out).values())
+    state = torch.load(out / "training_state.pt", weights_only=True)
+    assert all(tensor.dtype == torch.float32 for tensor in state["model"].values())
 
 
 @pytest.mark.parametrize("record, message", [
@@ -296,3 +299,18 @@ def test_fsdp_without_torchrun_is_refused(tmp_path, capsys, no_training):
     error = one_error_line(capsys, argv(write_data(tmp_path / "d.jsonl"), tmp_path / "run",
                                         "--fsdp"))
     assert "--fsdp" in error and "torchrun" in error
+
+
+def test_the_drafter_is_saved_in_the_dtype_it_is_served_in(tmp_path):
+    """--save-dtype bfloat16: model.safetensors (and its config) in bf16, the float32 run's weights
+    rounded; the training state keeps float32, so the run resumes as exactly as before."""
+    data = write_data(tmp_path / "d.jsonl")
+    assert train.main(argv(data, tmp_path / "f32")) == 0
+    assert train.main(argv(data, tmp_path / "bf16", "--save-dtype", "bfloat16", "--stop-at", "3")) == 0
+    assert train.main(argv(data, tmp_path / "bf16", "--resume", "--save-dtype", "bfloat16")) == 0
+    full, served = weights_of(tmp_path / "f32"), weights_of(tmp_path / "bf16")
+    assert all(served[name].dtype == torch.bfloat16 for name in served)
+    assert all(torch.equal(served[name], full[name].to(torch.bfloat16)) for name in full)
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    state = torch.load(tmp_path / "bf16" / "training_state.pt", weights_only=True)
+    assert all(tensor.dtype == torch.float32 for tensor in state["model"].values())
