@@ -158,10 +158,13 @@ def test_each_labs_time_and_points_are_stated_once():
     assert set(table) == {lab.name for lab in LAB_FOLDERS}, (
         "labs/README.md's table lists every lab, once"
     )
+    readme = (LABS / "README.md").read_text()
+    warm_ups = set(re.findall(r"^\| (\d\d_[a-z_]+) \|[^\n]*\(a warm-up\)", readme, re.M))
     for lab in LAB_FOLDERS:
-        assert "minute" not in (lab / "starter.py").read_text(), (
-            f"{lab.name}'s starter states a time"
-        )
+        starter = (lab / "starter.py").read_text()
+        assert "minute" not in starter, f"{lab.name}'s starter states a time"
+        assert ("a warm-up" in starter.split("\n\n")[0]) == (lab.name in warm_ups), \
+            f"{lab.name}: its starter and the table disagree on whether it is a warm-up"
     for notebook in NOTEBOOKS:
         text = notebook.read_text()
         assert not re.search(r"\(\d+ minutes\)", text), f"{notebook.name} states an exercise's time"
