@@ -507,7 +507,8 @@ WRONG = {
             "kept is q",
             [
                 replace(
-                    "kept = torch.where(q > 0, q * torch.clamp(p / q, max=1.0), 0.0)", "kept = q.clone()"
+                    "kept = torch.where(q > 0, q * torch.clamp(p / q, max=1.0), 0.0)",
+                    "kept = q.clone()",
                 )
             ],
         ),
@@ -743,7 +744,7 @@ class Replayer:
                 and name in answers
             ):
                 replay = self.replaying(list(answers[name]))
-                replay.__module__ = module.__name__  # the student's own function, as far as a grader sees
+                replay.__module__ = module.__name__  # the student's own, as far as a grader sees
                 setattr(module, name, replay)
 
     @staticmethod

@@ -113,7 +113,7 @@ def forbidden(lab, rule: str, places: dict[object, Sequence[str]]):
     held = sorted(key for key, value in vars(lab).items() if id(value) in objects)
     if held:
         raise RuleBroken(f"{rule}: your module holds {held[0]}, which this lab forbids")
-    # the lab's own functions may share a forbidden one's name (08_stop_speculating's batched_pass_ms)
+    # the lab's own functions may share a forbidden one's name (08_stop_speculating's)
     own = {key for key, value in vars(lab).items()
            if getattr(value, "__module__", None) == lab.__name__}
     named = sorted(names & names_in_source(lab) - own)
