@@ -34,8 +34,9 @@ def my_decayed_loss(
     hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor, block_size: int, gamma: float
 ) -> torch.Tensor:
     """The drafter's training loss (a scalar tensor that backpropagates into `hidden`): the
-    cross-entropy of every labelled slot, with slot k of a block weighted by the paper's decay
-    exp(-(k - 1) / gamma), as a weighted mean over the labelled slots.
+    cross-entropy of every labelled slot, each slot weighted by the paper's decay with `gamma`
+    (notebook 4, section 5: why do early slots weigh more?), as a weighted mean over the labelled
+    slots.
 
     hidden (batch, K * block_size, dim) are the drafter's outputs; head (vocab, dim), the target's
     frozen LM head, turns them into logits; labels are my_block_labels' (IGNORE: no label, no
