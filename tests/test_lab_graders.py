@@ -890,8 +890,8 @@ def test_the_grader_rejects_a_wrong_answer(lab, name, edits, demo, tmp_path, mon
 
 def test_a_plug_in_check_computes_its_reference_before_the_students_piece_is_in():
     """01_rope's plug-in, graded alone (a fresh demo pair, no cached plain answers): a RoPE that
-    does not rotate must fail it. Were the plain loop's tokens computed with the student's RoPE already
-    patched in, both runs would agree and the check would pass whatever the RoPE."""
+    does not rotate must fail it. Were the plain loop's tokens computed with the student's RoPE
+    already patched in, both runs would agree and the check would pass whatever the RoPE."""
     grader = load_module(LABS / "01_rope" / "test_01_rope.py", "grader_01_rope_alone")
     fresh = DemoPair()
     with pytest.raises(AssertionError, match="with your RoPE"):
