@@ -32,7 +32,9 @@ if str(LABS) not in sys.path:
 
 from _lab_helpers import DemoPair  # noqa: E402
 
-LAB_FOLDERS = sorted(path.name for path in LABS.iterdir() if path.is_dir() and path.name[:2].isdigit())
+LAB_FOLDERS = sorted(
+    path.name for path in LABS.iterdir() if path.is_dir() and path.name[:2].isdigit()
+)
 
 
 def replace(old: str, new: str):
@@ -50,40 +52,84 @@ def prepend(code: str):
     return ("prepend", textwrap.dedent(code))
 
 
-MEMORISED = "memorised"  # a wrong answer that replays the solution's answers from another run of the grader
+MEMORISED = (
+    "memorised"  # a wrong answer that replays the solution's answers from another run of the grader
+)
 
 
-# Each lab: (what the wrong answer is, its edits of solution.py). The student's wrong answers, not the grader's.
+# Each lab: (what the wrong answer is, its edits of solution.py): the student's wrong answers,
+# not the grader's.
 WRONG = {
     "01_rmsnorm": [
         ("no eps", [replace(".mean(-1, keepdim=True) + eps)", ".mean(-1, keepdim=True))")]),
-        ("eps outside the root", [replace("torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)",
-                                          "1 / (x32.pow(2).mean(-1, keepdim=True).sqrt() + eps)")]),
+        (
+            "eps outside the root",
+            [
+                replace(
+                    "torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)",
+                    "1 / (x32.pow(2).mean(-1, keepdim=True).sqrt() + eps)",
+                )
+            ],
+        ),
         ("arithmetic in x's dtype", [replace("x32 = x.float()", "x32 = x")]),
-        ("weight applied before rounding", [replace("weight * normed.to(x.dtype)",
-                                                    "(weight.float() * normed).to(x.dtype)")]),
-        ("variance instead of the mean square", [replace("x32.pow(2).mean(-1, keepdim=True)",
-                                                         "x32.var(-1, keepdim=True)")]),
+        (
+            "weight applied before rounding",
+            [replace("weight * normed.to(x.dtype)", "(weight.float() * normed).to(x.dtype)")],
+        ),
+        (
+            "variance instead of the mean square",
+            [replace("x32.pow(2).mean(-1, keepdim=True)", "x32.var(-1, keepdim=True)")],
+        ),
     ],
     "01_rope": [
-        ("frequencies without the 2", [replace("torch.arange(0, d, 2, dtype=torch.float32) / d",
-                                               "torch.arange(0, d // 2, dtype=torch.float32) / d")]),
-        ("rotation the wrong way", [replace("first * cos - second * sin, first * sin + second * cos",
-                                            "first * cos + second * sin, -first * sin + second * cos")]),
-        ("positions off by one", [replace("positions.float()[:, None]", "(positions.float()[:, None] + 1)")]),
-        ("angles in float16", [replace("angles.cos(), angles.sin()",
-                                       "angles.half().cos().float(), angles.half().sin().float()")]),
+        (
+            "frequencies without the 2",
+            [
+                replace(
+                    "torch.arange(0, d, 2, dtype=torch.float32) / d",
+                    "torch.arange(0, d // 2, dtype=torch.float32) / d",
+                )
+            ],
+        ),
+        (
+            "rotation the wrong way",
+            [
+                replace(
+                    "first * cos - second * sin, first * sin + second * cos",
+                    "first * cos + second * sin, -first * sin + second * cos",
+                )
+            ],
+        ),
+        (
+            "positions off by one",
+            [replace("positions.float()[:, None]", "(positions.float()[:, None] + 1)")],
+        ),
+        (
+            "angles in float16",
+            [
+                replace(
+                    "angles.cos(), angles.sin()",
+                    "angles.half().cos().float(), angles.half().sin().float()",
+                )
+            ],
+        ),
     ],
     "01_gqa": [
-        ("scaled_dot_product_attention imported by name", [
-            prepend("from torch.nn.functional import scaled_dot_product_attention"),
-            append("""
+        (
+            "scaled_dot_product_attention imported by name",
+            [
+                prepend("from torch.nn.functional import scaled_dot_product_attention"),
+                append("""
                 def my_grouped_attention(q, k, v):
                     return scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-                """)]),
-        ("repeat_interleave imported by name", [
-            prepend("from torch import repeat_interleave"),
-            append("""
+                """),
+            ],
+        ),
+        (
+            "repeat_interleave imported by name",
+            [
+                prepend("from torch import repeat_interleave"),
+                append("""
                 def my_grouped_attention(q, k, v):
                     groups = q.shape[1] // k.shape[1]
                     k, v = repeat_interleave(k, groups, dim=1), repeat_interleave(v, groups, dim=1)
@@ -91,72 +137,175 @@ WRONG = {
                     seq = q.shape[2]
                     causal = torch.ones(seq, seq, dtype=torch.bool).tril()
                     return scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v
-                """)]),
+                """),
+            ],
+        ),
         ("no scale", [replace(" / math.sqrt(d)", "")]),
-        ("the diagonal masked", [replace(".tril()", ".tril(-1)"),
-                                 replace("float(\"-inf\")).softmax", "-1e9).softmax")]),
-        ("heads grouped the other way", [
-            replace("q.view(batch, kv_heads, heads // kv_heads, seq, d)",
-                    "q.view(batch, heads // kv_heads, kv_heads, seq, d).transpose(1, 2)"),
-            replace(".reshape(batch, heads, seq, d)", ".transpose(1, 2).reshape(batch, heads, seq, d)")]),
+        (
+            "the diagonal masked",
+            [replace(".tril()", ".tril(-1)"), replace('float("-inf")).softmax', "-1e9).softmax")],
+        ),
+        (
+            "heads grouped the other way",
+            [
+                replace(
+                    "q.view(batch, kv_heads, heads // kv_heads, seq, d)",
+                    "q.view(batch, heads // kv_heads, kv_heads, seq, d).transpose(1, 2)",
+                ),
+                replace(
+                    ".reshape(batch, heads, seq, d)",
+                    ".transpose(1, 2).reshape(batch, heads, seq, d)",
+                ),
+            ],
+        ),
     ],
     "01_interleaved_rope": [
-        ("the split-half pairing", [append("""
+        (
+            "the split-half pairing",
+            [
+                append("""
             from dflash.qwen3 import apply_rope
             def interleaved_rope(x, cos, sin):
                 return apply_rope(x, cos, sin)
-            """)]),
-        ("angles taken from the wrong columns", [
-            replace("cos[..., :half].repeat_interleave(2, dim=-1), sin[..., :half].repeat_interleave(2, dim=-1)",
-                    "cos, sin")]),
-        ("the partner's sign flipped", [replace("torch.stack([-odd, even]", "torch.stack([odd, -even]")]),
+            """)
+            ],
+        ),
+        (
+            "angles taken from the wrong columns",
+            [
+                replace(
+                    "cos[..., :half].repeat_interleave(2, dim=-1), sin[..., "
+                    ":half].repeat_interleave(2, dim=-1)",
+                    "cos, sin",
+                )
+            ],
+        ),
+        (
+            "the partner's sign flipped",
+            [replace("torch.stack([-odd, even]", "torch.stack([odd, -even]")],
+        ),
     ],
     "02_roofline_other_gpu": [
-        ("reading and computing added", [replace("max(counts.bytes_read(k) / gpu[\"bandwidth\"], "
-                                                 "counts.flops(k) / gpu[\"flops\"])",
-                                                 "(counts.bytes_read(k) / gpu[\"bandwidth\"] + "
-                                                 "counts.flops(k) / gpu[\"flops\"])")]),
+        (MEMORISED, []),
+        (
+            "reading and computing added",
+            [
+                replace(
+                    'max(counts.bytes_read(k) / gpu["bandwidth"], counts.flops(k) / gpu["flops"])',
+                    '(counts.bytes_read(k) / gpu["bandwidth"] + counts.flops(k) / gpu["flops"])',
+                )
+            ],
+        ),
         ("seconds, not milliseconds", [replace("return 1e3 * max(", "return max(")]),
-        ("flat_until one too far", [replace("if pass_ms(gpu, k, counts) <= limit * one)",
-                                            "if pass_ms(gpu, k - 1, counts) <= limit * one)")]),
+        (
+            "flat_until one too far",
+            [
+                replace(
+                    "if pass_ms(gpu, k, counts) <= limit * one)",
+                    "if pass_ms(gpu, k - 1, counts) <= limit * one)",
+                )
+            ],
+        ),
         ("the faster bound", [replace("return 1e3 * max(", "return 1e3 * min(")]),
     ],
     "02_tau_past_the_end": [
         ("the prefill's token counted", [replace("(result.new_tokens - 1)", "result.new_tokens")]),
         ("the stop tokens ignored", [replace("limit, stop_ids=pair.stop_ids)", "limit)")]),
-        ("steps counted, not tokens", [replace("sum(result.acceptance_lengths)", "len(result.acceptance_lengths)")]),
+        (
+            "steps counted, not tokens",
+            [replace("sum(result.acceptance_lengths)", "len(result.acceptance_lengths)")],
+        ),
         (MEMORISED, []),
     ],
     "02_one_hot_acceptance": [
-        ("the likeliest first token only", [replace("predicted = (p1 * p2.max(dim=-1).values).sum().item()",
-                                                    "predicted = p2[p1.argmax()].max().item()")]),
-        ("the first step's length off by one", [replace("acceptance_lengths[0] >= 2", "acceptance_lengths[0] >= 1")]),
-        ("mean instead of expectation", [replace("predicted = (p1 * p2.max(dim=-1).values).sum().item()",
-                                                 "predicted = p2.max(dim=-1).values.mean().item()")]),
+        (MEMORISED, []),
+        (
+            "the likeliest first token only",
+            [
+                replace(
+                    "predicted = (p1 * p2.max(dim=-1).values).sum().item()",
+                    "predicted = p2[p1.argmax()].max().item()",
+                )
+            ],
+        ),
+        (
+            "the first step's length off by one",
+            [replace("acceptance_lengths[0] >= 2", "acceptance_lengths[0] >= 1")],
+        ),
+        (
+            "mean instead of expectation",
+            [
+                replace(
+                    "predicted = (p1 * p2.max(dim=-1).values).sum().item()",
+                    "predicted = p2.max(dim=-1).values.mean().item()",
+                )
+            ],
+        ),
         ("one run short", [replace("for _ in range(samples):", "for _ in range(samples - 1):")]),
     ],
     "03_zero_context": [
-        ("features halved, not removed", [replace("torch.zeros_like(context_features)", "context_features * 0.5")]),
-        ("the real runner", [replace("return pooled_tau(BlindRunner)", "return pooled_tau(ModelRunner)")]),
+        (
+            "features halved, not removed",
+            [replace("torch.zeros_like(context_features)", "context_features * 0.5")],
+        ),
+        (
+            "the real runner",
+            [replace("return pooled_tau(BlindRunner)", "return pooled_tau(ModelRunner)")],
+        ),
         (MEMORISED, []),
-        ("only the first layer zeroed", [replace(
-            "torch.zeros_like(context_features)",
-            "torch.cat([torch.zeros_like(context_features[..., :128]), context_features[..., 128:]], -1)")]),
+        (
+            "only the first layer zeroed",
+            [
+                replace(
+                    "torch.zeros_like(context_features)",
+                    "torch.cat([torch.zeros_like(context_features[..., :128]), "
+                    "context_features[..., 128:]], -1)",
+                )
+            ],
+        ),
     ],
     "03_one_position": [
-        ("mask slots at their own positions", [replace("[n + 1] * (config.block_size - 1)",
-                                                       "list(range(n + 1, n + config.block_size))")]),
-        ("every slot at n", [replace("torch.tensor([n] + [n + 1] * (config.block_size - 1))",
-                                     "torch.tensor([n] * config.block_size)")]),
+        (MEMORISED, []),
+        (
+            "mask slots at their own positions",
+            [
+                replace(
+                    "[n + 1] * (config.block_size - 1)", "list(range(n + 1, n + config.block_size))"
+                )
+            ],
+        ),
+        (
+            "every slot at n",
+            [
+                replace(
+                    "torch.tensor([n] + [n + 1] * (config.block_size - 1))",
+                    "torch.tensor([n] * config.block_size)",
+                )
+            ],
+        ),
         ("guesses read one slot early", [replace("out[0, 1:]", "out[0, :-1]")]),
     ],
     "03_one_layer": [
-        ("a slice off by one", [replace("keep[index * hidden:(index + 1) * hidden] = 1.0",
-                                        "keep[index * hidden + 1:(index + 1) * hidden + 1] = 1.0")]),
+        (
+            "a slice off by one",
+            [
+                replace(
+                    "keep[index * hidden:(index + 1) * hidden] = 1.0",
+                    "keep[index * hidden + 1:(index + 1) * hidden + 1] = 1.0",
+                )
+            ],
+        ),
         ("keyed by index, not layer id", [replace("taus[layer] =", "taus[index] =")]),
-        ("the layer zeroed, not kept", [replace("keep = torch.zeros(len(layers) * hidden)",
-                                                "keep = torch.ones(len(layers) * hidden)"),
-                                        replace("(index + 1) * hidden] = 1.0", "(index + 1) * hidden] = 0.0")]),
+        (
+            "the layer zeroed, not kept",
+            [
+                replace(
+                    "keep = torch.zeros(len(layers) * hidden)",
+                    "keep = torch.ones(len(layers) * hidden)",
+                ),
+                replace("(index + 1) * hidden] = 1.0", "(index + 1) * hidden] = 0.0"),
+            ],
+        ),
     ],
     "04_anchor_leak": [
         ("one position short", [replace("(anchors + extra)", "(anchors + extra - 1)")]),
@@ -164,147 +313,362 @@ WRONG = {
         ("the leak to the left", [replace("(anchors + extra)", "(anchors - extra)")]),
     ],
     "04_block_loss": [
-        ("labels shifted by one slot", [replace("return torch.where(labelled, input_ids.gather(1, inside), IGNORE)",
-                                                "following = (positions + 1).clamp(max=length - 1)\n"
-                                                "    return torch.where(labelled, input_ids.gather(1, following), "
-                                                "IGNORE)")]),
-        ("the known token labelled", [replace("labelled &= (torch.arange(positions.shape[1]) % block_size != 0)[None]",
-                                              "")]),
-        ("the prompt labelled", [replace(" & (loss_mask.gather(1, inside) == 1)", "")]),
-        ("padding blocks labelled", [replace("labelled &= real[:, :, None].expand(-1, -1, block_size).flatten(1)", "")]),
-        ("the decay counted along the row, not the block", [
-            replace("slot = torch.arange(labels.shape[1]) % block_size", "slot = torch.arange(labels.shape[1])")]),
-        ("gamma multiplied", [replace("torch.exp(-(slot - 1) / gamma)", "torch.exp(-(slot - 1) * gamma)")]),
-        ("a mean over the slots, not the weights", [replace("/ weights.sum()", "/ (labels != IGNORE).sum()")]),
-        ("the project's loss imported by name", [append("""
+        (MEMORISED, []),
+        (
+            "labels shifted by one slot",
+            [
+                replace(
+                    "return torch.where(labelled, input_ids.gather(1, inside), IGNORE)",
+                    "following = (positions + 1).clamp(max=length - 1)\n"
+                    "    return torch.where(labelled, input_ids.gather(1, following), "
+                    "IGNORE)",
+                )
+            ],
+        ),
+        (
+            "the known token labelled",
+            [replace("labelled &= (torch.arange(positions.shape[1]) % block_size != 0)[None]", "")],
+        ),
+        (
+            "the prompt labelled",
+            [
+                replace(
+                    "(positions < length) & (loss_mask.gather(1, inside) == 1)",
+                    "positions < length",
+                )
+            ],
+        ),
+        (
+            "padding blocks labelled",
+            [replace("labelled &= real[:, :, None].expand(-1, -1, block_size).flatten(1)", "")],
+        ),
+        (
+            "the decay counted along the row, not the block",
+            [
+                replace(
+                    "slot = torch.arange(labels.shape[1]) % block_size",
+                    "slot = torch.arange(labels.shape[1])",
+                )
+            ],
+        ),
+        (
+            "gamma multiplied",
+            [replace("torch.exp(-(slot - 1) / gamma)", "torch.exp(-(slot - 1) * gamma)")],
+        ),
+        (
+            "a mean over the slots, not the weights",
+            [replace("/ weights.sum()", "/ (labels != IGNORE).sum()")],
+        ),
+        (
+            "the project's loss imported by name",
+            [
+                append("""
             from dflash.train_kernels import chunked_lm_head_loss
             def my_decayed_loss(hidden, head, labels, block_size, gamma):
                 slot = torch.arange(labels.shape[1]) % block_size
                 weights = (torch.exp(-(slot - 1) / gamma) * (labels != IGNORE))[labels != IGNORE]
                 scored = labels != IGNORE
-                return chunked_lm_head_loss(hidden[scored], head, labels[scored], weights / weights.sum(), 0)[0]
-            """)]),
+                weights = weights / weights.sum()
+                return chunked_lm_head_loss(hidden[scored], head, labels[scored], weights, 0)[0]
+            """)
+            ],
+        ),
     ],
     "04_gamma": [
-        ("gamma of blocks of 16", [replace("str(train.gamma_for_block_size(BLOCK))", "\"7\"")]),
+        ("gamma of blocks of 16", [replace("str(train.gamma_for_block_size(BLOCK))", '"7"')]),
         ("a decay that is not quite none", [replace("no_decay = 1e9", "no_decay = 1e3")]),
-        ("the block size passed again", [replace("\"--gamma\", str(no_decay))",
-                                                 "\"--gamma\", str(no_decay), \"--block-size\", \"16\")")]),
-        ("the runs swapped", [replace("{\"decay\": short_run(\"gamma4\"", "{\"none\": short_run(\"gamma4\""),
-                              replace("\"none\": short_run(\"no_decay\"", "\"decay\": short_run(\"no_decay\"")]),
+        (
+            "the block size passed again",
+            [
+                replace(
+                    '"--gamma", str(no_decay))', '"--gamma", str(no_decay), "--block-size", "16")'
+                )
+            ],
+        ),
+        (
+            "the runs swapped",
+            [
+                replace('{"decay": short_run("gamma4"', '{"none": short_run("gamma4"'),
+                replace('"none": short_run("no_decay"', '"decay": short_run("no_decay"'),
+            ],
+        ),
     ],
     "05_concat_cache": [
-        ("a crop that copies", [replace("self.keys[:, :, :length]", "self.keys[:, :, :length].clone()")]),
+        (
+            "a crop that copies",
+            [replace("self.keys[:, :, :length]", "self.keys[:, :, :length].clone()")],
+        ),
         ("a crop one short", [replace("self.keys[:, :, :length]", "self.keys[:, :, :length - 1]")]),
-        ("appended in place of the block", [replace("torch.cat([self.keys, new_keys], dim=2)",
-                                                    "torch.cat([new_keys, self.keys], dim=2)")]),
+        (
+            "appended in place of the block",
+            [
+                replace(
+                    "torch.cat([self.keys, new_keys], dim=2)",
+                    "torch.cat([new_keys, self.keys], dim=2)",
+                )
+            ],
+        ),
     ],
     "05_histogram": [
+        (MEMORISED, []),
         ("tau off by one", [replace("sum((i + 1) * count", "sum(i * count")]),
-        ("reached off by one", [replace("reached = sum(histogram[slot - 1:])", "reached = sum(histogram[slot:])"),
-                                replace("kept = sum(histogram[slot:])", "kept = sum(histogram[slot + 1:])")]),
+        (
+            "reached off by one",
+            [
+                replace("reached = sum(histogram[slot - 1:])", "reached = sum(histogram[slot:])"),
+                replace("kept = sum(histogram[slot:])", "kept = sum(histogram[slot + 1:])"),
+            ],
+        ),
         ("0 where never reached", [replace("if reached else None", "if reached else 0.0")]),
         ("mean over the histogram's bins", [replace("/ sum(histogram)", "/ len(histogram)")]),
     ],
     "05_int_positions": [
-        ("the position as a tensor", [replace("logits = compiled(token, cache.length)",
-                                              "logits = compiled(token, torch.tensor([cache.length]))"),
-                                      replace("positions = torch.arange(position, position + 1)",
-                                              "positions = position")]),
-        ("counts written down, not counted", [append("""
+        (MEMORISED, []),
+        (
+            "the position as a tensor",
+            [
+                replace(
+                    "logits = compiled(token, cache.length)",
+                    "logits = compiled(token, torch.tensor([cache.length]))",
+                ),
+                replace("positions = torch.arange(position, position + 1)", "positions = position"),
+            ],
+        ),
+        (
+            "counts written down, not counted",
+            [
+                append("""
             def graphs_with_int_positions(target, counter, steps=4):
                 return list(range(1, steps + 1))
-            """)]),
+            """)
+            ],
+        ),
         ("one step short", [replace("for _ in range(steps):", "for _ in range(steps - 1):")]),
     ],
     "06_tau_conventions": [
+        (MEMORISED, []),
         ("the bonus left out", [replace("return mean_drafts + 1", "return mean_drafts")]),
-        ("block drafts per step", [replace("rate * (block_size - 1) + 1", "rate * block_size + 1")]),
-        ("the rate's bonus left out", [replace("rate * (block_size - 1) + 1", "rate * (block_size - 1)")]),
+        (
+            "block drafts per step",
+            [replace("rate * (block_size - 1) + 1", "rate * block_size + 1")],
+        ),
+        (
+            "the rate's bonus left out",
+            [replace("rate * (block_size - 1) + 1", "rate * (block_size - 1)")],
+        ),
     ],
     "06_token_healing": [
         ("special tokens kept", [replace("if i not in tokenizer.special_ids and ", "if ")]),
-        ("contains, not starts with", [replace("tokenizer.decode([i]).startswith(dropped)",
-                                               "dropped in tokenizer.decode([i])")]),
-        ("the dropped token's text stripped", [replace("dropped = tokenizer.decode([ids[-1]])",
-                                                       "dropped = tokenizer.decode([ids[-1]]).strip()")]),
-        ("Tokenizer.heal imported by name", [append("""
+        (
+            "contains, not starts with",
+            [
+                replace(
+                    "tokenizer.decode([i]).startswith(dropped)", "dropped in tokenizer.decode([i])"
+                )
+            ],
+        ),
+        (
+            "the dropped token's text stripped",
+            [
+                replace(
+                    "dropped = tokenizer.decode([ids[-1]])",
+                    "dropped = tokenizer.decode([ids[-1]]).strip()",
+                )
+            ],
+        ),
+        (
+            "Tokenizer.heal imported by name",
+            [
+                append("""
             from dflash.tokenizer import Tokenizer
             heal = Tokenizer.heal
             def heal_by_hand(tokenizer, ids):
                 return heal(tokenizer, ids)
-            """)]),
+            """)
+            ],
+        ),
     ],
     "06_sampled_rule": [
-        ("the parts are p and nothing", [append("""
+        (MEMORISED, []),
+        (
+            "the parts are p and nothing",
+            [
+                append("""
             def committed_parts(p, q):
                 return p.clone(), torch.zeros_like(p)
-            """)]),
-        ("the residual not scaled by the rejection", [replace("return kept, rejected * residual",
-                                                              "return kept, residual")]),
-        ("kept is q", [replace("kept = torch.where(q > 0, q * torch.clamp(p / q, max=1.0), 0.0)", "kept = q")]),
-        ("greedy kept with q's top probability", [replace("p[q.argmax()].item()", "q.max().item()")]),
-        ("sampled kept with p . q", [replace("torch.minimum(p, q).sum().item()", "(p * q).sum().item()")]),
+            """)
+            ],
+        ),
+        (
+            "the residual not scaled by the rejection",
+            [replace("return kept, rejected * residual", "return kept, residual")],
+        ),
+        (
+            "kept is q",
+            [
+                replace(
+                    "kept = torch.where(q > 0, q * torch.clamp(p / q, max=1.0), 0.0)",
+                    "kept = q.clone()",
+                )
+            ],
+        ),
+        (
+            "greedy kept with q's top probability",
+            [replace("p[q.argmax()].item()", "q.max().item()")],
+        ),
+        (
+            "sampled kept with p . q",
+            [replace("torch.minimum(p, q).sum().item()", "(p * q).sum().item()")],
+        ),
     ],
     "07_ancestor_mask": [
-        ("the node itself left out", [replace("row[walker] = True\n", "row[walker] = walker != node\n")]),
-        ("the parent only", [replace("walker = parents[walker]", "walker = parents[walker] if walker == node else -1")]),
-        ("descendants instead", [append("""
+        (MEMORISED, []),
+        (
+            "the node itself left out",
+            [replace("row[walker] = True\n", "row[walker] = walker != node\n")],
+        ),
+        (
+            "the parent only",
+            [
+                replace(
+                    "walker = parents[walker]", "walker = parents[walker] if walker == node else -1"
+                )
+            ],
+        ),
+        (
+            "descendants instead",
+            [
+                append("""
             _ancestors = my_ancestor_mask
             def my_ancestor_mask(parents):
                 mask = _ancestors(parents)
                 return [list(column) for column in zip(*mask)]
-            """)]),
+            """)
+            ],
+        ),
     ],
     "07_best_first_tree": [
-        ("child pushed before sibling", [
-            replace("        if rank + 1 < len(candidates[0]):\n            push(parent, depth, rank + 1)\n"
-                    "        if depth < len(candidates):\n            push(len(tokens) - 1, depth + 1, 0)\n",
-                    "        if depth < len(candidates):\n            push(len(tokens) - 1, depth + 1, 0)\n"
-                    "        if rank + 1 < len(candidates[0]):\n            push(parent, depth, rank + 1)\n")]),
-        ("scored by the node, not its path", [replace("-(scores[parent] + logprobs[depth - 1][rank])",
-                                                      "-logprobs[depth - 1][rank]")]),
-        ("one node over budget", [replace("len(tokens) - 1 < budget", "len(tokens) - 1 <= budget")]),
-        ("build_tree imported by name", [append("""
+        (MEMORISED, []),
+        (
+            "child pushed before sibling",
+            [
+                replace(
+                    "        if rank + 1 < len(candidates[0]):\n            push(parent, depth, "
+                    "rank + 1)\n"
+                    "        if depth < len(candidates):\n            push(len(tokens) - 1, depth "
+                    "+ 1, 0)\n",
+                    "        if depth < len(candidates):\n            push(len(tokens) - 1, depth "
+                    "+ 1, 0)\n"
+                    "        if rank + 1 < len(candidates[0]):\n            push(parent, depth, "
+                    "rank + 1)\n",
+                )
+            ],
+        ),
+        (
+            "scored by the node, not its path",
+            [
+                replace(
+                    "-(scores[parent] + logprobs[depth - 1][rank])", "-logprobs[depth - 1][rank]"
+                )
+            ],
+        ),
+        (
+            "one node over budget",
+            [replace("len(tokens) - 1 < budget", "len(tokens) - 1 <= budget")],
+        ),
+        (
+            "build_tree imported by name",
+            [
+                append("""
             from dflash.tree import build_tree
             def my_build_tree(root, logprobs, candidates, budget):
                 tree = build_tree(root, logprobs, candidates, budget)
                 return tree.tokens, tree.parents
-            """)]),
+            """)
+            ],
+        ),
     ],
     "07_expected_kept": [
+        (MEMORISED, []),
         ("the root counted", [replace("tree.scores[1:]", "tree.scores")]),
         ("log-probabilities summed", [replace("math.exp(score)", "score")]),
-        ("the best path only", [replace("sum(math.exp(score) for score in tree.scores[1:])",
-                                        "max(math.exp(score) for score in tree.scores[1:]) * max(tree.depths)")]),
+        (
+            "the best path only",
+            [
+                replace(
+                    "sum(math.exp(score) for score in tree.scores[1:])",
+                    "max(math.exp(score) for score in tree.scores[1:]) * max(tree.depths)",
+                )
+            ],
+        ),
     ],
     "08_speedup_by_hand": [
-        ("tau one slot too many", [replace("(1 - alpha ** block) / (1 - alpha)",
-                                           "(1 - alpha ** (block + 1)) / (1 - alpha)")]),
-        ("the draft pass left out", [replace("block) / (draft_cost + verify_cost)", "block) / verify_cost")]),
-        ("the bonus left out", [replace("tau_constant(alpha, block) / (", "(tau_constant(alpha, block) - 1) / (")]),
+        (MEMORISED, []),
+        (
+            "tau one slot too many",
+            [
+                replace(
+                    "(1 - alpha ** block) / (1 - alpha)", "(1 - alpha ** (block + 1)) / (1 - alpha)"
+                )
+            ],
+        ),
+        (
+            "the draft pass left out",
+            [replace("block) / (draft_cost + verify_cost)", "block) / verify_cost")],
+        ),
+        (
+            "the bonus left out",
+            [replace("tau_constant(alpha, block) / (", "(tau_constant(alpha, block) - 1) / (")],
+        ),
     ],
     "08_best_gpu_block": [
-        ("every block tried", [append("""
+        (
+            "every block tried",
+            [
+                append("""
             def best_gpu_block(gpu_speedup, gpu, alpha):
                 return max(range(2, 513), key=lambda block: gpu_speedup(gpu, alpha, block))
-            """)]),
+            """)
+            ],
+        ),
         ("bisection one past the peak", [replace("return low", "return low + 1")]),
-        ("bisection the wrong way", [replace("> gpu_speedup(gpu, alpha, middle):", "< gpu_speedup(gpu, alpha, middle):")]),
-        ("a search of the small blocks only", [append("""
+        (
+            "bisection the wrong way",
+            [replace("> gpu_speedup(gpu, alpha, middle):", "< gpu_speedup(gpu, alpha, middle):")],
+        ),
+        (
+            "a search of the small blocks only",
+            [
+                append("""
             def best_gpu_block(gpu_speedup, gpu, alpha):
                 return max(range(2, 24), key=lambda block: gpu_speedup(gpu, alpha, block))
-            """)]),
+            """)
+            ],
+        ),
         (MEMORISED, []),
     ],
     "08_stop_speculating": [
-        ("the weights read once per sequence", [replace("(weights + batch * own)", "batch * (weights + own)")]),
-        ("the FLOPs of one sequence only", [replace("batch * cost.flops(tokens) / gpu.flops",
-                                                    "cost.flops(tokens) / gpu.flops")]),
-        ("the sequences' KV reads forgotten", [replace("(weights + batch * own)", "(weights + own)")]),
-        ("free one batch too far", [replace("if ratio(batch) <= limit)", "if ratio(batch - 1) <= limit)")]),
-        ("the draft pass left out", [replace("step = batched_pass_ms(costs.drafter, gpu, batch, 2 * block) + ",
-                                             "step = ")]),
+        (MEMORISED, []),
+        (
+            "the weights read once per sequence",
+            [replace("(weights + batch * own)", "batch * (weights + own)")],
+        ),
+        (
+            "the FLOPs of one sequence only",
+            [replace("batch * cost.flops(tokens) / gpu.flops", "cost.flops(tokens) / gpu.flops")],
+        ),
+        (
+            "the sequences' KV reads forgotten",
+            [replace("(weights + batch * own)", "(weights + own)")],
+        ),
+        (
+            "free one batch too far",
+            [replace("if ratio(batch) <= limit)", "if ratio(batch - 1) <= limit)")],
+        ),
+        (
+            "the draft pass left out",
+            [replace("step = batched_pass_ms(costs.drafter, gpu, batch, 2 * block) + ", "step = ")],
+        ),
     ],
     "09_capstone": [
         ("commits the target's own token too", [replace("runner.commit(accepted + 1)", "runner.commit(accepted + 2)")]),
@@ -340,9 +704,13 @@ WRONG = {
                     "            path.append(children[path[-1], target_tokens[path[-1]]])\n", "")]),
     ],
     "08_ar_pass_budget": [
+        (MEMORISED, []),
         ("block passes, not block - 1", [replace("room / (block - 1)", "room / block")]),
         ("the rest of the step forgotten", [replace(" - costs.rest  #", "  #")]),
-        ("0 where free passes fall short", [replace("if room >= 0 else None", "if room >= 0 else 0.0")]),
+        (
+            "0 where free passes fall short",
+            [replace("if room >= 0 else None", "if room >= 0 else 0.0")],
+        ),
     ],
 }
 
@@ -352,7 +720,9 @@ def mutated(lab: str, edits) -> str:
     for edit in edits:
         if edit[0] == "replace":
             _, old, new = edit
-            assert source.count(old) == 1, f"{lab}: the wrong answer's edit no longer fits solution.py: {old!r}"
+            assert source.count(old) == 1, (
+                f"{lab}: the wrong answer's edit no longer fits solution.py: {old!r}"
+            )
             source = source.replace(old, new)
         elif edit[0] == "append":
             source += "\n\n" + edit[1]
@@ -371,13 +741,18 @@ def load_module(path: Path, name: str):
 
 
 class Recorder:
-    """Wraps a lab module's functions to keep what they return: the answers a message must not print."""
+    """Wraps a lab module's functions to keep what they return: the answers a message must not
+    print."""
 
     def __init__(self, module):
         self.answers: list = []
         self.by_function: dict[str, list] = {}
         for name, value in list(vars(module).items()):
-            if inspect.isfunction(value) and value.__module__ == module.__name__ and not name.startswith("_"):
+            if (
+                inspect.isfunction(value)
+                and value.__module__ == module.__name__
+                and not name.startswith("_")
+            ):
                 setattr(module, name, self.recording(name, value))
 
     def recording(self, name, function):
@@ -386,7 +761,8 @@ class Recorder:
             self.answers.append(answer)
             self.by_function.setdefault(name, []).append(answer)
             return answer
-        recorded.__wrapped__ = function
+
+        recorded.__wrapped__, recorded.__module__ = function, function.__module__
         return recorded
 
 
@@ -395,8 +771,14 @@ class Replayer:
 
     def __init__(self, module, answers: dict):
         for name, value in list(vars(module).items()):
-            if inspect.isfunction(value) and value.__module__ == module.__name__ and name in answers:
-                setattr(module, name, self.replaying(list(answers[name])))
+            if (
+                inspect.isfunction(value)
+                and value.__module__ == module.__name__
+                and name in answers
+            ):
+                replay = self.replaying(list(answers[name]))
+                replay.__module__ = module.__name__  # the student's own, as far as a grader sees
+                setattr(module, name, replay)
 
     @staticmethod
     def replaying(answers: list):
@@ -404,6 +786,7 @@ class Replayer:
 
         def replay(*args, **kwargs):
             return answers[next(calls) % len(answers)]
+
         return replay
 
 
@@ -413,13 +796,18 @@ def demo() -> DemoPair:
 
 
 def grade(lab: str, path: Path, demo: DemoPair, *, wrap=None) -> tuple[str | None, object]:
-    """Run `lab`'s grader on the module at `path`: (its failure message, or None if it passed; the module)."""
+    """Run `lab`'s grader on the module at `path`: (its failure message, or None if it passed; the
+    module)."""
     module = load_module(path, f"graded_{lab}_{path.parent.name}")
     if wrap is not None:
         wrap(module)
     grader_path = next((LABS / lab).glob("test_*.py"))
     grader = load_module(grader_path, f"grader_{lab}")
-    test = next(value for name, value in vars(grader).items() if name.startswith("test_") and callable(value))
+    test = next(
+        value
+        for name, value in vars(grader).items()
+        if name.startswith("test_") and callable(value)
+    )
     arguments = {"lab": module, "demo": demo}
     wanted = {name: arguments[name] for name in inspect.signature(test).parameters}
     try:
@@ -432,14 +820,17 @@ def grade(lab: str, path: Path, demo: DemoPair, *, wrap=None) -> tuple[str | Non
 
 
 def renderings(value) -> set[str]:
-    """How a message could print `value`: whole lists, and numbers with enough digits to be an answer."""
+    """How a message could print `value`: whole lists, and numbers with enough digits to be an
+    answer."""
     found = set()
     if isinstance(value, torch.Tensor):
+        if value.numel() > 64:
+            return found  # a whole tensor is no value a message prints
         value = value.tolist()
     if isinstance(value, (list, tuple)):
         if len(value) >= 2:
             found.add(str(list(value)))
-        for item in value:
+        for item in value[:64]:  # the first ones: a message names an entry or two, not hundreds
             found |= renderings(item)
     elif isinstance(value, dict):
         for item in value.values():
@@ -449,30 +840,38 @@ def renderings(value) -> set[str]:
     elif isinstance(value, int):
         if abs(value) >= 100:
             found.add(str(value))
-    elif isinstance(value, float) and math.isfinite(value) and value not in (0.0, 1.0):
+    elif isinstance(value, float) and math.isfinite(value) and abs(value - round(value)) > 5e-5:
         found |= {f"{value:.3f}", f"{value:.4f}", f"{value:.6f}", repr(value)}
     return {text for text in found if len(text) >= 4}
 
 
-NAMED_BUGS = {"labels shifted by one slot": "shifted by one slot"}  # wrong answers whose message must name them
+NAMED_BUGS = {
+    "labels shifted by one slot": "shifted by one slot"
+}  # wrong answers whose message must name them
 SOLUTION_RUNS: dict[str, tuple[int, list]] = {}
 
 
 def solution_run(lab: str, demo: DemoPair, monkeypatch) -> tuple[int, list]:
-    """(seed, [Recorder]) of the reference solution graded once per lab and session, on inputs drawn with seed:
-    the run the wrong answers replay, and whose answers their messages may not print."""
+    """(seed, [Recorder]) of the reference solution graded once per lab and session, on inputs drawn
+    with seed: the run the wrong answers replay, and whose answers their messages may not print."""
     if lab not in SOLUTION_RUNS:
         seed = int.from_bytes(os.urandom(4), "little")
         monkeypatch.setenv("DFLASH_LABS_SEED", str(seed))
         recorder = []
-        right, _ = grade(lab, LABS / lab / "solution.py", demo, wrap=lambda m: recorder.append(Recorder(m)))
-        assert right is None, f"{lab}: the reference solution fails its grader here (seed {seed}): {right}"
+        right, _ = grade(
+            lab, LABS / lab / "solution.py", demo, wrap=lambda m: recorder.append(Recorder(m))
+        )
+        assert right is None, (
+            f"{lab}: the reference solution fails its grader here (seed {seed}): {right}"
+        )
         SOLUTION_RUNS[lab] = seed, recorder
     return SOLUTION_RUNS[lab]
 
 
 def printed_in(text: str, message: str) -> bool:
     """`text` stands in `message` as a whole number or list, not as the start of a longer number."""
+    if text not in message:  # most renderings: a quick no
+        return False
     return re.search(r"(?<![\d.])" + re.escape(text) + r"(?!\d)", message) is not None
 
 
@@ -482,7 +881,9 @@ CASES = [(lab, name, edits) for lab in LAB_FOLDERS for name, edits in WRONG.get(
 def test_every_lab_has_three_wrong_answers():
     short = [lab for lab in LAB_FOLDERS if len(WRONG.get(lab, [])) < 3]
     assert not short, f"labs with fewer than three wrong answers here: {short}"
-    assert set(WRONG) <= set(LAB_FOLDERS), f"wrong answers for labs that do not exist: {set(WRONG) - set(LAB_FOLDERS)}"
+    assert set(WRONG) <= set(LAB_FOLDERS), (
+        f"wrong answers for labs that do not exist: {set(WRONG) - set(LAB_FOLDERS)}"
+    )
 
 
 @pytest.mark.parametrize("lab,name,edits", CASES, ids=[f"{lab}:{name}" for lab, name, _ in CASES])
@@ -492,20 +893,40 @@ def test_the_grader_rejects_a_wrong_answer(lab, name, edits, demo, tmp_path, mon
     folder = tmp_path / lab
     folder.mkdir()
     answers = recorder[0].answers
-    if name == MEMORISED:  # the solution's answers from this run, replayed on a run with other draws
+    if (
+        name == MEMORISED
+    ):  # the solution's answers from this run, replayed on a run with other draws
         (folder / "solution.py").write_text((LABS / lab / "solution.py").read_text())
         monkeypatch.setenv("DFLASH_LABS_SEED", str(seed + 1))
-        message, _ = grade(lab, folder / "solution.py", demo,
-                           wrap=lambda m: Replayer(m, recorder[0].by_function))
+        message, _ = grade(
+            lab, folder / "solution.py", demo, wrap=lambda m: Replayer(m, recorder[0].by_function)
+        )
     else:
         (folder / "solution.py").write_text(mutated(lab, edits))
         mine = []
-        message, _ = grade(lab, folder / "solution.py", demo, wrap=lambda m: mine.append(Recorder(m)))
+        message, _ = grade(
+            lab, folder / "solution.py", demo, wrap=lambda m: mine.append(Recorder(m))
+        )
     assert message is not None, f"{lab}: the grader accepts a wrong answer: {name}"
     if name in NAMED_BUGS:
-        assert NAMED_BUGS[name] in message, f"{lab}: the message for '{name}' does not name the bug: {message}"
+        assert NAMED_BUGS[name] in message, (
+            f"{lab}: the message for '{name}' does not name the bug: {message}"
+        )
     if name != MEMORISED:
         printed = set().union(*map(renderings, answers)) if answers else set()
         own = set().union(*map(renderings, mine[0].answers)) if mine[0].answers else set()
         leaked = sorted(text for text in printed - own if printed_in(text, message))
-        assert not leaked, f"{lab}: the failure message for '{name}' prints the expected {leaked}: {message}"
+        assert not leaked, (
+            f"{lab}: the failure message for '{name}' prints the expected {leaked}: {message}"
+        )
+
+
+def test_a_plug_in_check_computes_its_reference_before_the_students_piece_is_in():
+    """01_rope's plug-in, graded alone (a fresh demo pair, no cached plain answers): a RoPE that
+    does not rotate must fail it. Were the plain loop's tokens computed with the student's RoPE
+    already patched in, both runs would agree and the check would pass whatever the RoPE."""
+    grader = load_module(LABS / "01_rope" / "test_01_rope.py", "grader_01_rope_alone")
+    fresh = DemoPair()
+    with pytest.raises(AssertionError, match="with your RoPE"):
+        fresh.assert_plugged_in_matches(grader.plugged_in(lambda x, positions, theta: x),
+                                        grader.dflash_loop(fresh), "01_rope: with your RoPE")

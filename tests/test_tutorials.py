@@ -62,68 +62,116 @@ def test_every_lab_fails_on_its_committed_starter_saying_which_file_to_edit():
 
 
 def run_labs(root: Path) -> str:
-    """`python -m pytest tutorials/labs` in `root` on the starters, as a student runs it: its output, after
-    checking that every lab failed, each with one line naming its own starter."""
+    """`python -m pytest tutorials/labs` in `root` on the starters, as a student runs it: its
+    output, after checking that every lab failed, each with one line naming its own starter."""
     import os
     import subprocess
     import sys
 
-    folders = sorted(path.name for path in (root / "tutorials" / "labs").iterdir()
-                     if path.is_dir() and path.name[:2].isdigit())
-    environment = {name: value for name, value in os.environ.items() if name != "DFLASH_LABS"}  # the starters
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tutorials/labs"],
-                          cwd=root, env=environment, capture_output=True, text=True, timeout=600)
+    folders = sorted(
+        path.name
+        for path in (root / "tutorials" / "labs").iterdir()
+        if path.is_dir() and path.name[:2].isdigit()
+    )
+    environment = {
+        name: value for name, value in os.environ.items() if name != "DFLASH_LABS"
+    }  # the starters
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tutorials/labs"],
+        cwd=root,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     output = done.stdout + done.stderr
-    said = dict(re.findall(r"(\d\d_[a-z_]+): \S+ is not written yet - edit tutorials/labs/(\d\d_[a-z_]+)/starter\.py",
-                           output))
-    assert done.returncode == 1 and f"{len(folders)} failed in" in output and "passed" not in output, output[-3000:]
+    said = dict(
+        re.findall(
+            r"(\d\d_[a-z_]+): \S+ is not written yet - "
+            r"edit tutorials/labs/(\d\d_[a-z_]+)/starter\.py",
+            output,
+        )
+    )
+    assert (
+        done.returncode == 1 and f"{len(folders)} failed in" in output and "passed" not in output
+    ), output[-3000:]
     assert said == {lab: lab for lab in folders}, output[-3000:]
     return output
 
 
 def test_the_student_copy_has_no_answers_and_every_lab_fails_until_written(tmp_path):
-    """`python tutorials/student_copy.py OUT`: the notebooks, the starters and graders, no reference answer,
-    no instructor's key, nothing naming either; in OUT the labs run as a student's first run does."""
+    """`python tutorials/student_copy.py OUT`: the notebooks, the starters and graders, no reference
+    answer, no instructor's key, nothing naming either; in OUT the labs run as a student's first run
+    does."""
     import subprocess
     import sys
 
     out = tmp_path / "course"
-    done = subprocess.run([sys.executable, str(TUTORIALS / "student_copy.py"), str(out)], capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, str(TUTORIALS / "student_copy.py"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     files = [path for path in out.rglob("*") if path.is_file()]
-    assert not [path for path in files if path.name == "solution.py" or path.name == "INSTRUCTOR_KEY.md"]
+    assert not [
+        path for path in files if path.name == "solution.py" or path.name == "INSTRUCTOR_KEY.md"
+    ]
     assert (out / "tutorials" / "labs" / "01_rmsnorm" / "starter.py").is_file()
     assert len(list((out / "tutorials").glob("0*.ipynb"))) == len(NOTEBOOKS)
-    naming = [path for path in files if path.suffix in (".py", ".md", ".ipynb", ".txt", ".toml", "")
-              and re.search(r"solution\.py|INSTRUCTOR_KEY",
-                            path.read_text(encoding="utf-8", errors="replace"))]
+    naming = [
+        path
+        for path in files
+        if path.suffix in (".py", ".md", ".ipynb", ".txt", ".toml", "")
+        and re.search(
+            r"solution\.py|INSTRUCTOR_KEY", path.read_text(encoding="utf-8", errors="replace")
+        )
+    ]
     assert not naming, f"files in the student copy that name an answer: {naming}"
     run_labs(out)
-    again = subprocess.run([sys.executable, str(TUTORIALS / "student_copy.py"), str(out)], capture_output=True,
-                           text=True, timeout=60)
-    assert again.returncode == 2 and again.stderr.startswith("error: "), "an existing folder is refused"
+    again = subprocess.run(
+        [sys.executable, str(TUTORIALS / "student_copy.py"), str(out)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert again.returncode == 2 and again.stderr.startswith("error: "), (
+        "an existing folder is refused"
+    )
 
 
 # ------------------------------------------------------------------ one source for the labs' times
 
 
 def lab_table() -> dict[str, tuple[int, int]]:
-    """{lab: (minutes, points)} from labs/README.md's table, the one place a lab's time is stated."""
-    rows = re.findall(r"^\| (\d\d_[a-z_]+) \|.*\| (\d+) min \| (\d+) \|", (LABS / "README.md").read_text(), re.M)
+    """{lab: (minutes, points)} from labs/README.md's table, the one place a lab's time is
+    stated."""
+    rows = re.findall(
+        r"^\| (\d\d_[a-z_]+) \|.*\| (\d+) min \| (\d+) \|", (LABS / "README.md").read_text(), re.M
+    )
     return {lab: (int(minutes), int(points)) for lab, minutes, points in rows}
 
 
 def test_each_labs_time_and_points_are_stated_once():
     table = lab_table()
-    assert set(table) == {lab.name for lab in LAB_FOLDERS}, "labs/README.md's table lists every lab, once"
+    assert set(table) == {lab.name for lab in LAB_FOLDERS}, (
+        "labs/README.md's table lists every lab, once"
+    )
+    readme = (LABS / "README.md").read_text()
+    warm_ups = set(re.findall(r"^\| (\d\d_[a-z_]+) \|[^\n]*\(a warm-up\)", readme, re.M))
     for lab in LAB_FOLDERS:
-        assert "minute" not in (lab / "starter.py").read_text(), f"{lab.name}'s starter states a time"
+        starter = (lab / "starter.py").read_text()
+        assert "minute" not in starter, f"{lab.name}'s starter states a time"
+        assert ("a warm-up" in starter.split("\n\n")[0]) == (lab.name in warm_ups), \
+            f"{lab.name}: its starter and the table disagree on whether it is a warm-up"
     for notebook in NOTEBOOKS:
         text = notebook.read_text()
         assert not re.search(r"\(\d+ minutes\)", text), f"{notebook.name} states an exercise's time"
     syllabus = (TUTORIALS / "SYLLABUS.md").read_text()
-    assert not re.search(r"`[a-z_]+` \(\d+|minutes of labs", syllabus), "SYLLABUS.md states a lab's time"
+    assert not re.search(r"`[a-z_]+` \(\d+|minutes of labs", syllabus), (
+        "SYLLABUS.md states a lab's time"
+    )
     assert "labs/README.md" in syllabus, "SYLLABUS.md points to the table of times"
 
 
@@ -131,18 +179,23 @@ def test_each_labs_time_and_points_are_stated_once():
 
 KEY = TUTORIALS / "INSTRUCTOR_KEY.md"
 NUMBER = re.compile(r"(?<![\w.§])[−-]?\d[\d,]*(?:\.\d+)?")
-# Numbers the key works out rather than reads off its notebook: (notebook, as the key writes it, the value).
+# Numbers the key works out rather than reads off its notebook: (notebook, as the key writes it, the
+# value).
 DERIVED = [
     ("1", "147,456", 2 * 36 * 8 * 128 * 2),  # KV bytes per token of Qwen3-8B
     ("2", "0.26", 16 * 16e9 / 989e12 * 1e3),  # ms of arithmetic for 16 tokens on the H100
     ("2", "512", 512),  # the outcomes of notebook 2's sampler (its vocabulary)
-    ("2", "0.09", (511 / 2000) ** 0.5 / 2 * 0.7),  # the noise of 2000 draws over 512 outcomes, about
+    (
+        "2",
+        "0.09",
+        (511 / 2000) ** 0.5 / 2 * 0.7,
+    ),  # the noise of 2000 draws over 512 outcomes, about
     ("6", "15", 16 - 1),  # drafts proposed at block 16
     ("6", "7.0", 8 - 1),  # tau - 1
-    ("6", "65,536", 2 ** 16),
+    ("6", "65,536", 2**16),
     ("7", "295", 989 / 3.35),  # the H100's ridge
-    ("8", "4.16", (1 - 0.8 ** 8) / 0.2),
-    ("8", "8.15", (1 - 0.9 ** 16) / 0.1),
+    ("8", "4.16", (1 - 0.8**8) / 0.2),
+    ("8", "8.15", (1 - 0.9**16) / 0.1),
     ("8", "206", 989 / 4.8),  # the H200's ridge
     ("8", "0.48", 3.63 - 3.15),  # the prefill's share of the block-16 prediction, from the printed table
     ("8", "295", 989 / 3.35),
@@ -156,7 +209,7 @@ def as_number(text: str) -> float:
 def agrees(quoted: str, value: float) -> bool:
     """`quoted` (as the key writes it) is `value` to the digits quoted."""
     digits = len(quoted.split(".")[1]) if "." in quoted else 0
-    return abs(round(abs(value), digits) - as_number(quoted)) < 10 ** -digits / 2 + 1e-9
+    return abs(round(abs(value), digits) - as_number(quoted)) < 10**-digits / 2 + 1e-9
 
 
 def notebook_numbers(number: str) -> tuple[list[float], list[float]]:
@@ -166,16 +219,19 @@ def notebook_numbers(number: str) -> tuple[list[float], list[float]]:
     for cell in notebook["cells"]:
         sources += [as_number(m) for m in NUMBER.findall("".join(cell["source"]))]
         for output in cell.get("outputs", []):
-            text = "".join(output.get("text", "")) + "".join(output.get("data", {}).get("text/plain", ""))
+            text = "".join(output.get("text", "")) + "".join(
+                output.get("data", {}).get("text/plain", "")
+            )
             outputs += [as_number(m) for m in NUMBER.findall(text)]
     return sources, outputs
 
 
 def test_every_number_in_the_instructors_key_is_the_executed_notebooks():
-    """Each number the key quotes for notebook N is one its saved outputs print (to the digits quoted), one its
-    text states, or one the key works out (DERIVED, checked here); a number in a sentence about "the
-    committed run" must be one the outputs print (the range "a busy machine" prints is the exception). So a re-executed notebook that prints other figures fails
-    this test until the key is brought up to date."""
+    """Each number the key quotes for notebook N is one its saved outputs print (to the digits
+    quoted), one its text states, or one the key works out (DERIVED, checked here); a number in a
+    sentence about "the committed run" must be one the outputs print (the range "a busy machine"
+    prints is the exception). So a re-executed notebook that prints other figures fails this test
+    until the key is brought up to date."""
     sections = re.split(r"^## (\d) · .*$", KEY.read_text(), flags=re.M)
     stale = []
     for number, body in zip(sections[1::2], sections[2::2]):
@@ -184,42 +240,62 @@ def test_every_number_in_the_instructors_key_is_the_executed_notebooks():
         for sentence in re.split(r"(?<=[.:;])\s+", body.replace("\n", " ")):
             run = "committed run" in sentence
             if "busy machine" in sentence:
-                sentence = sentence.split("busy machine")[0]  # what follows is the range timings vary in
+                sentence = sentence.split("busy machine")[
+                    0
+                ]  # what follows is the range timings vary in
             for quoted in NUMBER.findall(sentence):
                 quoted = quoted.rstrip(",")
                 seen = outputs if run else outputs + sources
-                if not any(agrees(quoted, value) for value in seen) and \
-                        not any(q == quoted.lstrip("−-") and agrees(q, v) for q, v in derived):
+                if not any(agrees(quoted, value) for value in seen) and not any(
+                    q == quoted.lstrip("−-") and agrees(q, v) for q, v in derived
+                ):
                     stale.append(f"notebook {number}: {quoted} in {sentence[:90]!r}")
-    assert not stale, "numbers the key quotes that the executed notebooks do not give:\n" + "\n".join(stale)
+    assert not stale, (
+        "numbers the key quotes that the executed notebooks do not give:\n" + "\n".join(stale)
+    )
 
 
 def test_the_syllabus_maps_every_objective_to_what_assesses_it_and_totals_its_points():
-    """Each notebook's objectives (`N. ...` under its heading) have a row in the objectives table, whose
-    questions exist in the key and whose labs exist; the rubric's totals are the table's."""
+    """Each notebook's objectives (`N. ...` under its heading) have a row in the objectives table,
+    whose questions exist in the key and whose labs exist; the rubric's totals are the table's."""
     syllabus = (TUTORIALS / "SYLLABUS.md").read_text()
-    notebooks = re.split(r"^### (\d) · ", syllabus.split("## The notebooks", 1)[1].split("\n## ", 1)[0], flags=re.M)
-    objectives = {f"{number}.{item}" for number, body in zip(notebooks[1::2], notebooks[2::2])
-                  for item in re.findall(r"^(\d)\. ", body, re.M)}
+    notebooks = re.split(
+        r"^### (\d) · ", syllabus.split("## The notebooks", 1)[1].split("\n## ", 1)[0], flags=re.M
+    )
+    objectives = {
+        f"{number}.{item}"
+        for number, body in zip(notebooks[1::2], notebooks[2::2])
+        for item in re.findall(r"^(\d)\. ", body, re.M)
+    }
     table = syllabus.split("## What assesses each objective", 1)[1]
     rows = dict(re.findall(r"^\| (\d\.\d) [^|]*\| ([^|]*) \|$", table, re.M))
     assert objectives and set(rows) == objectives, sorted(objectives ^ set(rows))
     key = KEY.read_text()
-    asked = {f"{number}.{item}" for number, body in re.findall(r"^## (\d) · .*?\n(.*?)(?=^## |\Z)", key, re.M | re.S)
-             for item in re.findall(r"^(\d)\. \*\*", body, re.M)}
+    asked = {
+        f"{number}.{item}"
+        for number, body in re.findall(r"^## (\d) · .*?\n(.*?)(?=^## |\Z)", key, re.M | re.S)
+        for item in re.findall(r"^(\d)\. \*\*", body, re.M)
+    }
     for objective, assessed in rows.items():
-        assert set(re.findall(r"Q (\d\.\d)", assessed)) <= asked, f"{objective}: a question the key lacks"
-        assert {f"{lab}" for lab in re.findall(r"`(\d\d_[a-z_]+)`", assessed)} <= {lab.name for lab in LAB_FOLDERS}
+        assert set(re.findall(r"Q (\d\.\d)", assessed)) <= asked, (
+            f"{objective}: a question the key lacks"
+        )
+        assert {f"{lab}" for lab in re.findall(r"`(\d\d_[a-z_]+)`", assessed)} <= {
+            lab.name for lab in LAB_FOLDERS
+        }
     optional = set(re.findall(r"`(\d\d_[a-z_]+)` \(optional\)", syllabus))
     points = {lab: value for lab, (_, value) in lab_table().items()}
-    total, required = sum(points.values()), sum(value for lab, value in points.items() if lab not in optional)
+    total, required = (
+        sum(points.values()),
+        sum(value for lab, value in points.items() if lab not in optional),
+    )
     assert f"{total} in all, {required} without the optional ones" in syllabus
 
 
 def test_check_setup_checks_the_torch_build_jupyter_the_demo_pair_and_one_lab():
-    """tutorials/check_setup.py's checks, each run here: all pass on this checkout, except Jupyter Lab where it
-    is not installed (the test extra does not install it; the syllabus's setup does), which must then fail
-    naming the command that installs it."""
+    """tutorials/check_setup.py's checks, each run here: all pass on this checkout, except Jupyter
+    Lab where it is not installed (the test extra does not install it; the syllabus's setup does),
+    which must then fail naming the command that installs it."""
     spec = importlib.util.spec_from_file_location("check_setup", TUTORIALS / "check_setup.py")
     check_setup = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(check_setup)

@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LAB = "01_rmsnorm"  # the lab graded here: a starter that fails in a second, a grader that runs the demo pair
+# the lab graded here: a starter that fails in a second, a grader that runs the demo pair
+LAB = "01_rmsnorm"
 MINIMUM_TORCH = (2, 5)  # enable_gqa in scaled_dot_product_attention, FlexAttention
 
 
@@ -35,22 +36,33 @@ def check_torch() -> str:
         raise CheckFailed("torch is not installed: pip install torch (see the README)") from None
     version = tuple(int(part) for part in torch.__version__.split("+")[0].split(".")[:2])
     if version < MINIMUM_TORCH:
-        raise CheckFailed(f"torch {torch.__version__} is too old: the project needs {'.'.join(map(str, MINIMUM_TORCH))} "
-                          f"or newer")
+        raise CheckFailed(
+            f"torch {torch.__version__} is too old: the project needs "
+            f"{'.'.join(map(str, MINIMUM_TORCH))} "
+            f"or newer"
+        )
     q = torch.randn(1, 4, 3, 8)  # (batch, heads, seq, head_dim)
     k = v = torch.randn(1, 2, 3, 8)  # two key/value heads for four query heads
     torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-    build = f"CUDA {torch.version.cuda}, a GPU {'found' if torch.cuda.is_available() else 'not found'}" \
-        if torch.version.cuda else "a CPU build"
+    build = (
+        f"CUDA {torch.version.cuda}, a GPU {'found' if torch.cuda.is_available() else 'not found'}"
+        if torch.version.cuda
+        else "a CPU build"
+    )
     return f"torch {torch.__version__} ({build})"
 
 
 def check_jupyter() -> str:
-    missing = [name for name in ("jupyterlab", "ipykernel", "nbclient", "matplotlib")
-               if importlib.util.find_spec(name) is None]
+    missing = [
+        name
+        for name in ("jupyterlab", "ipykernel", "nbclient", "matplotlib")
+        if importlib.util.find_spec(name) is None
+    ]
     if missing:
-        raise CheckFailed(f"missing {', '.join(missing)}: run the syllabus's setup, "
-                          f"pip install -e \".[test]\" jupyterlab")
+        raise CheckFailed(
+            f"missing {', '.join(missing)}: run the syllabus's setup, "
+            f'pip install -e ".[test]" jupyterlab'
+        )
     return "Jupyter Lab, its Python kernel, the notebook runner and matplotlib are installed"
 
 
@@ -71,35 +83,70 @@ def check_demo_pair() -> str:
     target = Qwen3.from_pretrained(weights / "tiny-qwen3")
     drafter = Drafter.from_pretrained(weights / "tiny-qwen3-dflash", target=target)
     tokenizer = load_tokenizer(weights / "tiny-qwen3")
-    ids = tokenizer.encode_chat([{"role": "user", "content": "Mia has 14 apples. She buys 9 more. "
-                                                                "How many apples are there now?"}])
+    ids = tokenizer.encode_chat(
+        [
+            {
+                "role": "user",
+                "content": "Mia has 14 apples. She buys 9 more. How many apples are there now?",
+            }
+        ]
+    )
     plain = generate_autoregressive(target, ids, 24, stop_ids=tokenizer.stop_token_ids).new_ids
     dflash = generate_dflash(target, drafter, ids, 24, stop_ids=tokenizer.stop_token_ids)
     if dflash.new_ids != plain:
-        raise CheckFailed("the demo pair's DFlash loop wrote other tokens than the plain loop: a broken install?")
-    return (f"the demo pair loads, and DFlash writes the plain loop's {len(plain)} tokens "
-            f"(tau {dflash.mean_acceptance:.2f}; {time.perf_counter() - began:.1f} s)")
+        raise CheckFailed(
+            "the demo pair's DFlash loop wrote other tokens than the plain loop: a broken install?"
+        )
+    return (
+        f"the demo pair loads, and DFlash writes the plain loop's {len(plain)} tokens "
+        f"(tau {dflash.mean_acceptance:.2f}; {time.perf_counter() - began:.1f} s)"
+    )
 
 
 def check_one_lab() -> str:
     folder = ROOT / "tutorials" / "labs" / LAB
     answered = any(path.stem == "solution" for path in folder.glob("*.py"))  # the instructor's copy
-    environment = dict(os.environ, DFLASH_LABS="solutions") if answered else \
-        {name: value for name, value in os.environ.items() if name != "DFLASH_LABS"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tutorials/labs", "-k",
-                           LAB.split("_", 1)[1]], cwd=ROOT, env=environment, capture_output=True, text=True,
-                          timeout=600)
+    environment = (
+        dict(os.environ, DFLASH_LABS="solutions")
+        if answered
+        else {name: value for name, value in os.environ.items() if name != "DFLASH_LABS"}
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "tutorials/labs",
+            "-k",
+            LAB.split("_", 1)[1],
+        ],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     output = done.stdout + done.stderr
     if answered:
         if done.returncode != 0 or "1 passed" not in output:
             raise CheckFailed(f"lab {LAB} fails against its reference answer:\n{output[-2000:]}")
         return f"lab {LAB}'s grader passes its reference answer"
     if done.returncode != 1 or f"{LAB}: my_rms_norm is not written yet" not in output:
-        raise CheckFailed(f"lab {LAB}'s grader did not run as a student's first run should:\n{output[-2000:]}")
+        raise CheckFailed(
+            f"lab {LAB}'s grader did not run as a student's first run should:\n{output[-2000:]}"
+        )
     return f"lab {LAB}'s grader runs, and fails the unwritten starter saying what to write"
 
 
-CHECKS = {"torch": check_torch, "jupyter": check_jupyter, "demo pair": check_demo_pair, "one lab": check_one_lab}
+CHECKS = {
+    "torch": check_torch,
+    "jupyter": check_jupyter,
+    "demo pair": check_demo_pair,
+    "one lab": check_one_lab,
+}
 
 
 def main() -> int:
@@ -110,7 +157,11 @@ def main() -> int:
         except CheckFailed as error:
             print(f"FAIL  {name}: {error}")
             failed += 1
-    print("ready for the course" if not failed else f"{failed} check(s) failed: fix them, then run this again")
+    print(
+        "ready for the course"
+        if not failed
+        else f"{failed} check(s) failed: fix them, then run this again"
+    )
     return 1 if failed else 0
 
 

@@ -20,39 +20,57 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LEFT_OUT = (re.compile(r"tutorials/labs/[^/]+/solution\.py"),  # the answers
-            re.compile(r"tutorials/INSTRUCTOR_KEY\.md"),
-            re.compile(r"tutorials/student_copy\.py"),
-            re.compile(r"tests/test_lab_graders\.py"),  # grades the graders with the answers
-            re.compile(r"tests/test_tutorials\.py"),  # checks the key and this copy
-            re.compile(r"\.ci/.*"))  # CI grades the answers
-INSTRUCTOR_ONLY = re.compile(r"[ \t]*<!-- instructor only -->.*?<!-- end instructor only -->[ \t]*\n?", re.S)
-POINTER = re.compile(r";? ?[Aa] reference solution is `[^`]*`")  # a notebook's pointer to a lab's answer
-KEY_ASIDE = re.compile(r" ?\([^()]*INSTRUCTOR_KEY\.md[^()]*\)")  # "(Answers in `tutorials/INSTRUCTOR_KEY.md`.)"
-SENTENCE_NAMING = re.compile(r"[^.\n]*(?:solution\.py|INSTRUCTOR_KEY\.md)[^.\n]*\.[ \t]*")  # any other sentence
-GRADING_ANSWERS = re.compile(r" && DFLASH_LABS=solutions python -m pytest[^\n`]*")  # the README's test command
+LEFT_OUT = (
+    re.compile(r"tutorials/labs/[^/]+/solution\.py"),  # the answers
+    re.compile(r"tutorials/INSTRUCTOR_KEY\.md"),
+    re.compile(r"tutorials/student_copy\.py"),
+    re.compile(r"tests/test_lab_graders\.py"),  # grades the graders with the answers
+    re.compile(r"tests/test_tutorials\.py"),  # checks the key and this copy
+    re.compile(r"\.ci/.*"),  # CI grades the answers
+)
+INSTRUCTOR_ONLY = re.compile(
+    r"[ \t]*<!-- instructor only -->.*?<!-- end instructor only -->[ \t]*\n?", re.S
+)
+# a notebook's pointer to a lab's answer
+POINTER = re.compile(r";? ?[Aa] reference solution is `[^`]*`")
+# "(Answers in `tutorials/INSTRUCTOR_KEY.md`.)"
+KEY_ASIDE = re.compile(r" ?\([^()]*INSTRUCTOR_KEY\.md[^()]*\)")
+# any other sentence
+SENTENCE_NAMING = re.compile(r"[^.\n]*(?:solution\.py|INSTRUCTOR_KEY\.md)[^.\n]*\.[ \t]*")
+# the README's test command
+GRADING_ANSWERS = re.compile(r" && DFLASH_LABS=solutions python -m pytest[^\n`]*")
 
 
 def repository_files() -> list[str]:
-    """The files git tracks, and the untracked ones it does not ignore (a lab being added); every file
-    under ROOT when this is not a git checkout."""
+    """The files git tracks, and the untracked ones it does not ignore (a lab being added); every
+    file under ROOT when this is not a git checkout."""
     try:
-        listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
-                                capture_output=True, text=True, check=True).stdout.splitlines()
+        listed = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.splitlines()
     except (OSError, subprocess.CalledProcessError):
-        listed = [path.relative_to(ROOT).as_posix() for path in ROOT.rglob("*") if path.is_file()
-                  and ".git" not in path.parts]
+        listed = [
+            path.relative_to(ROOT).as_posix()
+            for path in ROOT.rglob("*")
+            if path.is_file() and ".git" not in path.parts
+        ]
     return sorted(path for path in listed if (ROOT / path).is_file())
 
 
 def for_students(text: str) -> str:
-    """A hand-out's text without the instructor's passages and without anything naming a lab's answer."""
+    """A hand-out's text without the instructor's passages and without anything naming a lab's
+    answer."""
     text = KEY_ASIDE.sub("", INSTRUCTOR_ONLY.sub("", text))
     return GRADING_ANSWERS.sub("", SENTENCE_NAMING.sub("", POINTER.sub("", text)))
 
 
 def notebook_for_students(raw: str) -> str:
-    """A notebook with its markdown cells cut as `for_students` cuts a hand-out; outputs kept as executed."""
+    """A notebook with its markdown cells cut as `for_students` cuts a hand-out; outputs kept as
+    executed."""
     notebook = json.loads(raw)
     for cell in notebook["cells"]:
         if cell["cell_type"] == "markdown":
@@ -70,7 +88,9 @@ def write_copy(out: Path) -> int:
         source, target = ROOT / path, out / path
         target.parent.mkdir(parents=True, exist_ok=True)
         if path.endswith(".ipynb"):
-            target.write_text(notebook_for_students(source.read_text(encoding="utf-8")), encoding="utf-8")
+            target.write_text(
+                notebook_for_students(source.read_text(encoding="utf-8")), encoding="utf-8"
+            )
         elif path.endswith(".md"):
             target.write_text(for_students(source.read_text(encoding="utf-8")), encoding="utf-8")
         else:

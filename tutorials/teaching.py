@@ -113,9 +113,12 @@ class PassCost:
 
 
 def batched_pass_ms(cost: PassCost, gpu: Accelerator, batch: int, tokens: int) -> float:
-    """The roofline time (ms) of one pass over `tokens` new tokens for each of `batch` sequences at once
-    (notebook 8, section 5, "When to stop speculating"; lab 08_stop_speculating rebuilds it)."""
-    shared = BYTES_PER_NUMBER * (cost.matmul_weights + cost.other_weights)  # read once for the whole batch
+    """The roofline time (ms) of one pass over `tokens` new tokens for each of `batch` sequences at
+    once (notebook 8, section 5, "When to stop speculating"; lab 08_stop_speculating rebuilds
+    it)."""
+    shared = BYTES_PER_NUMBER * (
+        cost.matmul_weights + cost.other_weights
+    )  # read once for the whole batch
     own = cost.bytes_read(tokens) - shared  # each sequence: its KV cache and its embedding rows
     return 1e3 * max((shared + batch * own) / gpu.bandwidth, batch * cost.flops(tokens) / gpu.flops)
 

@@ -43,8 +43,8 @@ def short_name(lab: Path) -> str:
 
 
 def drawn_seed() -> int:
-    """The seed a grader draws its inputs from: a new one at every run, so that no answer can be written
-    down from one run's messages; DFLASH_LABS_SEED fixes it, to replay a run."""
+    """The seed a grader draws its inputs from: a new one at every run, so that no answer can be
+    written down from one run's messages; DFLASH_LABS_SEED fixes it, to replay a run."""
     fixed = os.environ.get("DFLASH_LABS_SEED")
     return int(fixed) if fixed else int.from_bytes(os.urandom(4), "little")
 
@@ -84,8 +84,8 @@ def switched_off(rule: str, places: dict[object, Sequence[str]]):
 
 
 def names_in_source(module) -> set[str]:
-    """Every name and attribute the module's source mentions, imported names included (`from torch import
-    repeat_interleave as r` mentions `repeat_interleave`)."""
+    """Every name and attribute the module's source mentions, imported names included (`from torch
+    import repeat_interleave as r` mentions `repeat_interleave`)."""
     names = set()
     for node in ast.walk(ast.parse(Path(module.__file__).read_text())):
         if isinstance(node, ast.Name):
@@ -99,17 +99,24 @@ def names_in_source(module) -> set[str]:
 
 @contextlib.contextmanager
 def forbidden(lab, rule: str, places: dict[object, Sequence[str]]):
-    """`switched_off`, made whole: what a lab forbids is refused however the student's module reached it.
-    Before anything runs, the module's source may not name a forbidden function, nor its globals hold one
-    (an import by name, an alias); then, while the block runs, every call of one fails.
-    """
+    """`switched_off`, made whole: what a lab forbids is refused however the student's module
+    reached it. Before anything runs, the module's source may not name a forbidden function, nor its
+    globals hold one (an import by name, an alias); then, while the block runs, every call of one
+    fails."""
     names = {name for owner_names in places.values() for name in owner_names}
-    objects = {id(getattr(owner, name)) for owner, owner_names in places.items() for name in owner_names
-               if hasattr(owner, name)}
+    objects = {
+        id(getattr(owner, name))
+        for owner, owner_names in places.items()
+        for name in owner_names
+        if hasattr(owner, name)
+    }
     held = sorted(key for key, value in vars(lab).items() if id(value) in objects)
     if held:
         raise RuleBroken(f"{rule}: your module holds {held[0]}, which this lab forbids")
-    named = sorted(names & names_in_source(lab))
+    # the lab's own functions may share a forbidden one's name (08_stop_speculating's)
+    own = {key for key, value in vars(lab).items()
+           if getattr(value, "__module__", None) == lab.__name__}
+    named = sorted(names & names_in_source(lab) - own)
     if named:
         raise RuleBroken(f"{rule}: your code uses {named[0]}, which this lab forbids")
     with switched_off(rule, places):
@@ -227,8 +234,9 @@ def qwen3_8b_counts(context: int = 2048):
 
 
 def tiny_experiment(seed: int = 0):
-    """Notebook 2's section 4 (its target drawn with `seed`; the notebook's is 0): a tiny target over 8 tokens, a stand-in drafter, and `GreedyGuessRunner`, whose
-    drafts are the target's greedy continuation of the committed text (`committed`, kept up to date by the loop's
+    """Notebook 2's section 4 (its target drawn with `seed`; the notebook's is 0): a tiny target
+    over 8 tokens, a stand-in drafter, and `GreedyGuessRunner`, whose drafts are the target's greedy
+    continuation of the committed text (`committed`, kept up to date by the loop's
     `on_token`). `next_probabilities(prefixes)` gives the target's exact next-token law after PROMPT + each prefix."""
     import types
 
@@ -335,8 +343,9 @@ def random_step(generator: torch.Generator, depth: int, width: int, vocab: int =
 
 
 def qwen3_8b_pass_costs():
-    """Notebook 8's section 5, as its costs: `target` and `drafter` (teaching.PassCost of Qwen3-8B and its
-    5-layer DFlash drafter, which borrows the target's LM head), and the GPUs `H100` and `H200`."""
+    """Notebook 8's section 5, as its costs: `target` and `drafter` (teaching.PassCost of Qwen3-8B
+    and its 5-layer DFlash drafter, which borrows the target's LM head), and the GPUs `H100` and
+    `H200`."""
     import types
 
     if str(LABS.parent) not in sys.path:
@@ -348,11 +357,23 @@ def qwen3_8b_pass_costs():
     big = Qwen3Config()  # Qwen3-8B
     with torch.device("meta"):  # shapes only, no memory
         target = Qwen3(big)
-        drafter = Drafter(DrafterConfig(Qwen3Config(num_hidden_layers=5), block_size=16, num_target_layers=36,
-                                        mask_token_id=big.vocab_size, target_layer_ids=default_target_layer_ids(36, 5)))
+        drafter = Drafter(
+            DrafterConfig(
+                Qwen3Config(num_hidden_layers=5),
+                block_size=16,
+                num_target_layers=36,
+                mask_token_id=big.vocab_size,
+                target_layer_ids=default_target_layer_ids(36, 5),
+            )
+        )
     return types.SimpleNamespace(
-        target=teaching.PassCost.of(target, big), H100=teaching.H100, H200=teaching.H200,
-        drafter=teaching.PassCost.of(drafter, drafter.config.layers, borrowed_matmul=target.lm_head.weight.numel()))
+        target=teaching.PassCost.of(target, big),
+        H100=teaching.H100,
+        H200=teaching.H200,
+        drafter=teaching.PassCost.of(
+            drafter, drafter.config.layers, borrowed_matmul=target.lm_head.weight.numel()
+        ),
+    )
 
 
 def gpu_speedup_model():

@@ -1,4 +1,4 @@
-"""Lab 01_rmsnorm (notebook 1, section 2): RMSNorm by hand, exact on bfloat16 input too.
+"""Lab 01_rmsnorm (notebook 1, section 2; a warm-up): RMSNorm by hand, exact on bfloat16 input too.
 
 Write the function below, then grade it: python -m pytest tutorials/labs -k rmsnorm
 """

@@ -1,6 +1,7 @@
-"""Grades lab 01_rmsnorm: against dflash.qwen3.RMSNorm in float32, then bit for bit in bfloat16 and float16,
-then inside the demo pair: every RMSNorm of the target and the drafter computed by the student's function.
-The inputs are drawn at run time, and some rows have an RMS near sqrt(eps), where eps changes the answer."""
+"""Grades lab 01_rmsnorm: against dflash.qwen3.RMSNorm in float32, then bit for bit in bfloat16 and
+float16, then inside the demo pair: every RMSNorm of the target and the drafter computed by the
+student's function. The inputs are drawn at run time, and some rows have an RMS near sqrt(eps),
+where eps changes the answer."""
 
 import copy
 from unittest import mock
@@ -12,9 +13,10 @@ from dflash.qwen3 import RMSNorm
 
 
 def drawn_input(generator: torch.Generator, dim: int, eps: float) -> torch.Tensor:
-    """(2, 6, dim): rows of RMS about 3, about 1, and about sqrt(eps), where leaving eps out shows."""
+    """(2, 6, dim): rows of RMS about 3, about 1, and about sqrt(eps), where leaving eps out
+    shows."""
     x = torch.randn(2, 6, dim, generator=generator)
-    scales = torch.tensor([3.0, 1.0, eps ** 0.5, 3 * eps ** 0.5, 0.5, 1e-3])  # (6,): one per position
+    scales = torch.tensor([3.0, 1.0, eps**0.5, 3 * eps**0.5, 0.5, 1e-3])  # (6,): one per position
     return x * scales[:, None]
 
 
@@ -22,19 +24,29 @@ def test_rmsnorm(lab, demo):
     generator = drawn_generator()
     for dim, eps in ((256, 1e-6), (int(torch.randint(16, 200, (1,), generator=generator)), 1e-5)):
         reference = RMSNorm(dim, eps)
-        reference.weight.data = 1 + 0.1 * torch.randn(dim, generator=generator)  # not all ones: the weight matters
+        # not all ones: the weight matters
+        reference.weight.data = 1 + 0.1 * torch.randn(dim, generator=generator)
         x = drawn_input(generator, dim, eps)  # (batch, seq, dim)
         with torch.no_grad():
-            assert torch.allclose(lab.my_rms_norm(x, reference.weight, reference.eps), reference(x),
-                                  atol=1e-5, rtol=1e-4), \
-                "01_rmsnorm: differs from RMSNorm in float32 (look at the rows whose RMS is near sqrt(eps))"
+            assert torch.allclose(
+                lab.my_rms_norm(x, reference.weight, reference.eps),
+                reference(x),
+                atol=1e-5,
+                rtol=1e-4,
+            ), (
+                "01_rmsnorm: differs from RMSNorm in float32 (look at the rows whose RMS is near "
+                "sqrt(eps))"
+            )
             for dtype in (torch.bfloat16, torch.float16):
                 low = copy.deepcopy(reference).to(dtype)
                 mine = lab.my_rms_norm(x.to(dtype), low.weight, low.eps)
-                assert mine.dtype == dtype, \
+                assert mine.dtype == dtype, (
                     f"01_rmsnorm: on {dtype} input the result should be {dtype}, not {mine.dtype}"
-                assert torch.equal(mine, low(x.to(dtype))), \
-                    f"01_rmsnorm: not bit for bit RMSNorm's on {dtype} input (where does your arithmetic happen?)"
+                )
+                assert torch.equal(mine, low(x.to(dtype))), (
+                    f"01_rmsnorm: not bit for bit RMSNorm's on {dtype} input (where does your "
+                    "arithmetic happen?)"
+                )
 
     def norm(self, x):
         return lab.my_rms_norm(x, self.weight, self.eps)

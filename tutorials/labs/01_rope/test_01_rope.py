@@ -22,8 +22,8 @@ def positions_as_rope(self, positions, dtype):
 
 @contextlib.contextmanager
 def plugged_in(my_rope):
-    """The model with `my_rope` doing every rotation, angles included: from the moment the block is entered,
-    not before (the plain loop's tokens are computed first, with the project's RoPE)."""
+    """The model with `my_rope` doing every rotation, angles included: from the moment the block is
+    entered, not before (the plain loop's tokens are computed first, with the project's RoPE)."""
     def rotate(x, positions, theta):  # x (batch, heads, seq, head_dim); positions, theta (seq, 1)
         assert positions.dim() == 2, "the demo runs one sequence: positions (seq,)"
         return my_rope(x, positions[:, 0], theta[0, 0].item())
@@ -38,15 +38,23 @@ def test_rope(lab, demo):
     for head_dim, theta in ((64, 1e6), (32, 1e4), (128, 1e6)):
         seq = int(torch.randint(3, 12, (1,), generator=generator))
         x = torch.randn(1, 4, seq, head_dim, generator=generator)  # (batch, heads, seq, head_dim)
-        start = torch.randint(0, 1024, (seq,), generator=generator).sort().values  # (seq,): positions drawn
+        # (seq,): positions drawn
+        start = torch.randint(0, 1024, (seq,), generator=generator).sort().values
         for at in (torch.arange(seq), start):
             cos, sin = RotaryEmbedding(head_dim, theta)(at, x.dtype)  # (seq, head_dim) each
-            assert torch.allclose(lab.my_rope(x, at, theta), apply_rope(x, cos, sin), atol=5e-4), \
-                f"01_rope: differs from RotaryEmbedding + apply_rope at positions {at.tolist()}, theta {theta:g}"
+            assert torch.allclose(lab.my_rope(x, at, theta), apply_rope(x, cos, sin), atol=5e-4), (
+                f"01_rope: differs from RotaryEmbedding + apply_rope at positions {at.tolist()}, "
+                f"theta {theta:g}"
+            )
     offset = int(torch.randint(1, 9, (1,), generator=generator))
     q, k = torch.randn(2, 1, 1, 1, 64, generator=generator).unbind(0)  # (1, 1, 1, head_dim) each
-    dots = [(lab.my_rope(q, torch.tensor([m]), 1e6) * lab.my_rope(k, torch.tensor([m - offset]), 1e6)).sum().item()
-            for m in (offset, 50, 700)]
-    assert max(dots) - min(dots) < 1e-3, f"01_rope: q . k should depend only on the offset ({offset} here)"
+    dots = [
+        (lab.my_rope(q, torch.tensor([m]), 1e6) * lab.my_rope(k, torch.tensor([m - offset]), 1e6))
+        .sum()
+        .item()
+        for m in (offset, 50, 700)
+    ]
+    assert max(dots) - min(dots) < 1e-3, \
+        f"01_rope: q . k should depend only on the offset ({offset} here)"
     demo.assert_plugged_in_matches(plugged_in(lab.my_rope), dflash_loop(demo),
                                    "01_rope: with your RoPE in every attention layer")

@@ -17,10 +17,9 @@ def first_draft_kept(tiny, samples: int) -> tuple[float, float]:
     must keep up to date) and `next_probabilities(prefixes)`: the target's exact next-token law after
     prompt + each prefix, (len(prefixes), vocab).
 
-    Predicted: from the target's exact laws alone (no sampling): the first step drafts after the prefill's
-    token t1, and keeps its first draft when the target's own next sample equals it. Which t1 can occur,
-    and what is the chance of a match after each?
-    Measured: run generate_dflash (3 new tokens, temperature tiny.temperature, a torch.Generator seeded 0,
-    runner=GreedyGuessRunner(...)) `samples` times, and count the runs whose first step kept its first draft.
-    """
+    Predicted: from the target's exact laws alone (no sampling): the first step drafts after the
+    prefill's token t1, and keeps its first draft when the target's own next sample equals it. Which
+    t1 can occur, and what is the chance of a match after each? Measured: run generate_dflash (3 new
+    tokens, temperature tiny.temperature, a torch.Generator seeded 0, runner=GreedyGuessRunner(...))
+    `samples` times, and count the runs whose first step kept its first draft."""
     raise NotImplementedError

@@ -35,11 +35,15 @@ def test_one_hot_acceptance(lab):
     tiny.GreedyGuessRunner.draft = counted
     predicted, measured = lab.first_draft_kept(tiny, samples)
     simulated, error = simulated_keep_rate(tiny)
+    high = "too high" if predicted > simulated else "too low"
     assert abs(predicted - simulated) < 5 * error + 1e-3, (
-        f"02_one_hot_acceptance: predicted {predicted:.4f}, more than 5 standard errors from a simulation of "
-        f"the two draws ({'too high' if predicted > simulated else 'too low'}): which first tokens can occur?")
-    assert len(runs) == samples, f"02_one_hot_acceptance: {len(runs)} runs of the loop, not {samples}"
-    sigma = (predicted * (1 - predicted) / samples) ** 0.5  # the binomial standard deviation of the measurement
-    assert abs(measured * samples - round(measured * samples)) < 1e-9, "02_one_hot_acceptance: a share of the runs"
-    assert abs(measured - predicted) < 4 * sigma, \
-        f"02_one_hot_acceptance: measured {measured:.3f}, more than 4 standard deviations from your prediction"
+        f"02_one_hot_acceptance: predicted {predicted:.4f}, more than 5 standard errors from a "
+        f"simulation of the two draws ({high}): which first tokens can occur?")
+    assert len(runs) == samples, \
+        f"02_one_hot_acceptance: {len(runs)} runs of the loop, not {samples}"
+    sigma = (predicted * (1 - predicted) / samples) ** 0.5  # the measurement's binomial deviation
+    assert abs(measured * samples - round(measured * samples)) < 1e-9, \
+        "02_one_hot_acceptance: a share of the runs"
+    assert abs(measured - predicted) < 4 * sigma, (
+        f"02_one_hot_acceptance: measured {measured:.3f}, more than 4 standard deviations "
+        f"from your prediction")

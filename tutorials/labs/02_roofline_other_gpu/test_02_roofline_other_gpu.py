@@ -9,7 +9,8 @@ from _lab_helpers import drawn_random, qwen3_8b_counts
 
 def drawn_gpu(rng) -> dict:
     """A made-up GPU, drawn at run time: 1 to 8 TB/s, 100 to 2000 TFLOP/s."""
-    return dict(name="a drawn GPU", bandwidth=rng.uniform(1e12, 8e12), flops=rng.uniform(100e12, 2000e12))
+    return dict(name="a drawn GPU", bandwidth=rng.uniform(1e12, 8e12),
+                flops=rng.uniform(100e12, 2000e12))
 
 
 def test_roofline_other_gpu(lab):
@@ -26,7 +27,8 @@ def test_roofline_other_gpu(lab):
                 f"02_roofline_other_gpu: with unlimited bandwidth a pass of {k} tokens should take FLOPs / FLOP/s"
             assert math.isclose(lab.pass_ms(gpu, k, counts), max(reading, computing), rel_tol=1e-9), \
                 f"02_roofline_other_gpu: on the {gpu['name']} a pass of {k} tokens is bound by the slower of the two"
-    for gpu, limit in ((h100, 1.10), (a100, 1.10), (a100, 1.5), (other, round(rng.uniform(1.05, 1.3), 2))):
+    drawn_limit = round(rng.uniform(1.05, 1.3), 2)
+    for gpu, limit in ((h100, 1.10), (a100, 1.10), (a100, 1.5), (other, drawn_limit)):
         flat, one = lab.flat_until(gpu, counts, limit), lab.pass_ms(gpu, 1, counts)
         assert 1 <= flat <= 1024 and lab.pass_ms(gpu, flat, counts) <= limit * one, \
             f"02_roofline_other_gpu: a pass of {flat} tokens costs more than {limit} one-token passes"

@@ -23,15 +23,22 @@ def test_tau_past_the_end(lab, demo):
     rng = drawn_random()
     limits = sorted(rng.sample(range(2, 61), 16))  # drawn at run time, as is the prompt
     prompt_ids = demo.drawn_prompt(rng)
-    mine = list(lab.past_the_end(demo, prompt_ids, limits))  # an unwritten starter stops here, models unloaded
-    assert len(mine) == len(limits), f"02_tau_past_the_end: {len(mine)} counts for {len(limits)} limits"
-    long = generate_dflash(demo.target, demo.drafter, prompt_ids, max(limits) + demo.block, stop_ids=demo.stop_ids)
+    # an unwritten starter stops here, models unloaded
+    mine = list(lab.past_the_end(demo, prompt_ids, limits))
+    assert len(mine) == len(limits), (
+        f"02_tau_past_the_end: {len(mine)} counts for {len(limits)} limits"
+    )
+    long = generate_dflash(demo.target, demo.drafter, prompt_ids, max(limits) + demo.block,
+                           stop_ids=demo.stop_ids)
     stopped = long.new_ids[-1] in demo.stop_ids
     answer_length = long.new_tokens if stopped else max(limits) + demo.block
     expected = replayed_counts(long.acceptance_lengths, answer_length, limits)
     for limit, count, right in zip(limits, mine, expected):
-        assert 0 <= count < demo.block, \
+        assert 0 <= count < demo.block, (
             f"02_tau_past_the_end: {count} at limit {limit}: a count lies between 0 and block - 1"
+        )
         assert count == right, (
-            f"02_tau_past_the_end: at limit {limit} your count ({count}) is not what replaying one long run's "
-            f"steps gives: {'too many' if count > right else 'too few'}")
+            f"02_tau_past_the_end: at limit {limit} your count ({count}) is not what replaying one "
+            "long run's "
+            f"steps gives: {'too many' if count > right else 'too few'}"
+        )

@@ -10,8 +10,8 @@ from dflash.drafter import Drafter
 
 
 def graded_once(lab, demo, prompt_ids: list[int]) -> bool:
-    """Grade one prompt; True when the slots' guesses could be told from slot 0's (a guess read one slot off
-    shows only then)."""
+    """Grade one prompt; True when the slots' guesses could be told from slot 0's (a guess read one
+    slot off shows only then)."""
     calls = []
     forward = Drafter.forward
 
@@ -29,7 +29,8 @@ def graded_once(lab, demo, prompt_ids: list[int]) -> bool:
                     f"{[call[3].tolist() for call in calls]}; slot 0 at n = {n}, every mask slot at n + 1")
     features, embedded, context_positions, block_positions, out = at_one[-1]
     assert context_positions.tolist() == list(range(n)), "03_one_position: the context sits at 0..n-1"
-    read = demo.target.logits(out[0]).argmax(-1).tolist()  # (block,): every slot's guess in that call
+    # (block,): every slot's guess in that call
+    read = demo.target.logits(out[0]).argmax(-1).tolist()
     assert list(guesses) == read[1:], \
         "03_one_position: the guesses are the argmax of target.logits over the mask slots' outputs"
     assert len(guesses) == block - 1 and len(set(guesses)) == 1, \
@@ -42,6 +43,7 @@ def graded_once(lab, demo, prompt_ids: list[int]) -> bool:
 
 def test_one_position(lab, demo):
     rng = drawn_random()
-    for _ in range(8):  # held-out problems drawn at run time, until one tells slot 0 from the mask slots
+    # held-out problems drawn at run time, until one tells slot 0 from the mask slots
+    for _ in range(8):
         if graded_once(lab, demo, demo.drawn_prompt(rng)):
             break

@@ -31,9 +31,12 @@ def test_anchor_leak(lab):
                 for slot in rows:
                     more = slot.nonzero()[:, 0].tolist()
                     assert more == wanted, (
-                        f"04_anchor_leak: with extra={extra}, the block anchored at {anchor} sees {len(more)} context "
-                        f"positions more than train.py's pattern, starting at {more[0] if more else None}: it should "
-                        f"see the extra positions from its anchor on, none past the context")
+                        f"04_anchor_leak: with extra={extra}, the block anchored at {anchor} sees "
+                        f"{len(more)} context "
+                        "positions more than train.py's pattern, starting at "
+                        f"{more[0] if more else None}: it should "
+                        f"see the extra positions from its anchor on, none past the context"
+                    )
         q = torch.randn(2, 4, 5 * BLOCK, 8, generator=generator)  # (batch, heads, K*B, d)
         k, v = torch.randn(2, 2, 2, CONTEXT + 5 * BLOCK, 8, generator=generator).unbind(0)  # (batch, kv, S + K*B, d)
         assert torch.allclose(pattern.attend(q, k, v), masked(leaky)(q, k, v), atol=1e-5), \

@@ -1,4 +1,4 @@
-"""Lab 04_gamma (notebook 4, section 5): the decay-weighted loss against no decay.
+"""Lab 04_gamma (notebook 4, section 5; a warm-up): the decay-weighted loss against no decay.
 
 Write the function below, then grade it: python -m pytest tutorials/labs -k gamma
 (In notebook 4, `short_run` trains for real: compare the runs' per-slot accuracy and real tau there.)

@@ -1,5 +1,5 @@
-"""Lab 05_concat_cache (notebook 5, section 4): a concatenating KV cache, to see why the project's
-is static. (Timing it against the static one is notebook 5's part.)
+"""Lab 05_concat_cache (notebook 5, section 4; a warm-up): a concatenating KV cache, to see why the
+project's is static. (Timing it against the static one is notebook 5's part.)
 
 Write the two methods below, then grade them: python -m pytest tutorials/labs -k concat_cache
 """

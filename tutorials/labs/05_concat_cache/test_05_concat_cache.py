@@ -13,14 +13,16 @@ def test_concat_cache(lab):
     generator = drawn_generator()
     start = torch.randn(1, 2, 8, 64, generator=generator)  # (1, kv heads, 8 positions, head_dim)
     cache, kept = lab.ConcatCache(start), [start]  # kept: the positions the cache should hold, chunk by chunk
-    for keep in torch.randint(1, BLOCK + 1, (5,), generator=generator).tolist():  # each step's accepted part
+    accepted = torch.randint(1, BLOCK + 1, (5,), generator=generator).tolist()  # kept per step
+    for keep in accepted:
         block = torch.randn(1, 2, BLOCK, 64, generator=generator)
         before = cache.keys
         cache.append(block)
         grown = cache.keys
         length = sum(chunk.shape[2] for chunk in kept)
-        assert grown.shape == (1, 2, length + BLOCK, 64), \
-            f"05_concat_cache: after appending a block of {BLOCK} positions the keys are {tuple(grown.shape)}"
+        assert grown.shape == (1, 2, length + BLOCK, 64), (
+            f"05_concat_cache: after appending a block of {BLOCK} positions the keys are "
+            f"{tuple(grown.shape)}")
         assert grown.data_ptr() != before.data_ptr(), "05_concat_cache: torch.cat makes a new tensor: the cache moves"
         cache.crop(length + keep)
         assert cache.keys.data_ptr() == grown.data_ptr(), \

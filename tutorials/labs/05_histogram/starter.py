@@ -11,7 +11,7 @@ def tau_from_histogram(histogram: list[int]) -> float:
 
 
 def per_slot_from_histogram(histogram: list[int]) -> list[float | None]:
-    """For draft slots k = 1 .. B-1 (B = len(histogram)): the share of the steps that reached slot k which
-    kept its draft; None where no step reached slot k. Which step lengths reach a slot, and which keep it?
-    """
+    """For draft slots k = 1 .. B-1 (B = len(histogram)): the share of the steps that reached slot k
+    which kept its draft; None where no step reached slot k. Which step lengths reach a slot, and
+    which keep it?"""
     raise NotImplementedError

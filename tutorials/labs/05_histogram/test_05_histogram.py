@@ -28,6 +28,10 @@ def test_histogram(lab):
         mine, expected = lab.per_slot_from_histogram(list(histogram)), per_position_acceptance(lengths, block)
         assert len(mine) == block - 1, f"05_histogram: one rate per draft slot 1..{block - 1}, got {len(mine)}"
         for slot, (a, b) in enumerate(zip(mine, expected), start=1):
-            assert (a is None) == (b is None) and (b is None or math.isclose(a, b, rel_tol=1e-12)), (
-                f"05_histogram: slot {slot} of {list(histogram)}: {a} is not the share of the steps reaching slot "
-                f"{slot} that kept it{' (no step reached it)' if b is None else ''}")
+            assert (a is None) == (b is None) and (
+                b is None or math.isclose(a, b, rel_tol=1e-12)
+            ), (
+                f"05_histogram: slot {slot} of {list(histogram)}: {a} is not the share of the "
+                "steps reaching slot "
+                f"{slot} that kept it{' (no step reached it)' if b is None else ''}"
+            )

@@ -26,7 +26,8 @@ def test_int_positions(lab):
     small = Qwen3.from_pretrained(ROOT / "tests/fixtures/qwen3-tiny")  # 4 layers: each graph traces in a second
     steps = 2 + drawn_seed() % 3  # drawn at run time
     counts = lab.graphs_with_int_positions(small, backend, steps)
-    assert len(counts) == steps, f"05_int_positions: one count per step, {len(counts)} for {steps} steps"
+    assert len(counts) == steps, \
+        f"05_int_positions: one count per step, {len(counts)} for {steps} steps"
     assert counts[-1] == backend.graphs, "05_int_positions: return counter.graphs after each step"
     assert all(shape != (1,) for graph in backend.inputs for shape in graph if len(shape) == 1), \
         "05_int_positions: a graph took a (1,) positions tensor: pass the position as a Python int"

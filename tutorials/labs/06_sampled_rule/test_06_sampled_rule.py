@@ -1,7 +1,7 @@
-"""Grades lab 06_sampled_rule against the library's own rule, simulated: `dflash.sampling.verdicts` judges many
-independent slots (drafts drawn from q, or q's argmax for greedy drafts), on laws drawn at run time. How often
-each token is committed as a kept draft, and as a replacement, must match the student's exact parts, and the
-share of drafts kept the student's keep probabilities."""
+"""Grades lab 06_sampled_rule against the library's own rule, simulated: `dflash.sampling.verdicts`
+judges many independent slots (drafts drawn from q, or q's argmax for greedy drafts), on laws drawn
+at run time. How often each token is committed as a kept draft, and as a replacement, must match the
+student's exact parts, and the share of drafts kept the student's keep probabilities."""
 
 import torch
 
@@ -13,11 +13,15 @@ TOLERANCE = 5 * (0.25 / SLOTS) ** 0.5  # five standard deviations of a share at 
 
 
 def drawn_laws(generator: torch.Generator) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """(p, q) pairs of varied sharpness over 3 to 8 tokens, some with tokens one of them never draws."""
+    """(p, q) pairs of varied sharpness over 3 to 8 tokens, some with tokens one of them never
+    draws."""
     pairs = []
     for sharpness in (1, 3, 3, 6):
         vocab = int(torch.randint(3, 9, (1,), generator=generator))
-        p, q = (torch.rand(vocab, dtype=torch.float64, generator=generator) ** sharpness for _ in range(2))
+        p, q = (
+            torch.rand(vocab, dtype=torch.float64, generator=generator) ** sharpness
+            for _ in range(2)
+        )
         if sharpness == 6:
             p[0], q[1] = 0.0, 0.0
         pairs.append((p / p.sum(), q / q.sum()))
@@ -25,7 +29,8 @@ def drawn_laws(generator: torch.Generator) -> list[tuple[torch.Tensor, torch.Ten
 
 
 def simulate(p: torch.Tensor, q: torch.Tensor, generator: torch.Generator):
-    """(kept drafts' frequencies, replacements' frequencies, share kept by greedy drafts) over SLOTS slots."""
+    """(kept drafts' frequencies, replacements' frequencies, share kept by greedy drafts) over SLOTS
+    slots."""
     p_slots, q_slots = p.expand(SLOTS, len(p)), q.expand(SLOTS, len(q))  # (SLOTS, vocab) each
     drafts = torch.multinomial(q, SLOTS, replacement=True, generator=generator)  # (SLOTS,)
     committed = verdicts(p_slots, drafts, q_slots, generator)  # (SLOTS,)
@@ -35,6 +40,7 @@ def simulate(p: torch.Tensor, q: torch.Tensor, generator: torch.Generator):
 
     def frequencies(where):
         return torch.bincount(committed[where], minlength=len(p)).double() / SLOTS  # (vocab,)
+
     return frequencies(kept), frequencies(~kept), greedy_kept
 
 
@@ -44,14 +50,24 @@ def test_sampled_rule(lab):
         kept, replaced, greedy = simulate(p, q, generator)
         mine_kept, mine_replaced = lab.committed_parts(p, q)
         for name, mine, seen in (("kept", mine_kept, kept), ("replaced", mine_replaced, replaced)):
-            assert mine.shape == p.shape, f"06_sampled_rule: {name} should be (vocab,), not {tuple(mine.shape)}"
+            assert mine.shape == p.shape, (
+                f"06_sampled_rule: {name} should be (vocab,), not {tuple(mine.shape)}"
+            )
             token = int((mine - seen).abs().argmax())
             assert (mine - seen).abs().max() < TOLERANCE, (
-                f"06_sampled_rule: {name}[{token}] is {mine[token].item():.4f} for a drawn pair of laws over "
-                f"{len(p)} tokens: more than five standard errors from how often verdicts commit token {token} "
-                f"that way")
+                f"06_sampled_rule: {name}[{token}] is {mine[token].item():.4f} for a drawn pair of "
+                "laws over "
+                f"{len(p)} tokens: more than five standard errors from how often verdicts commit "
+                f"token {token} "
+                f"that way"
+            )
         mine_greedy, mine_sampled = lab.keep_probabilities(p, q)
-        for rule, mine, seen in (("greedy", mine_greedy, greedy), ("sampled", mine_sampled, kept.sum().item())):
+        for rule, mine, seen in (
+            ("greedy", mine_greedy, greedy),
+            ("sampled", mine_sampled, kept.sum().item()),
+        ):
             assert abs(mine - seen) < TOLERANCE, (
-                f"06_sampled_rule: {rule} drafts kept with probability {mine:.4f} for a drawn pair of laws over "
-                f"{len(p)} tokens: more than five standard errors from the share verdicts keeps")
+                f"06_sampled_rule: {rule} drafts kept with probability {mine:.4f} for a drawn pair "
+                "of laws over "
+                f"{len(p)} tokens: more than five standard errors from the share verdicts keeps"
+            )

@@ -23,9 +23,13 @@ def test_tau_conventions(lab, demo):
         rate = sum(drafts_kept) / (len(lengths) * (block - 1))  # a tool that reports accepted / proposed
         mine = lab.tau_from_drafts(mean_drafts)
         assert math.isclose(mine, tau, rel_tol=1e-9), (
-            f"06_tau_conventions: your tau {mine:.3f} from {mean_drafts:.3f} drafts accepted per step is not the "
-            f"steps' tau (step lengths {lengths}): what does a step commit besides its kept drafts?")
+            f"06_tau_conventions: your tau {mine:.3f} from {mean_drafts:.3f} drafts accepted per "
+            "step is not the "
+            f"steps' tau (step lengths {lengths}): what does a step commit besides its kept drafts?"
+        )
         mine = lab.tau_from_rate(rate, block)
         assert math.isclose(mine, tau, rel_tol=1e-9), (
-            f"06_tau_conventions: your tau {mine:.3f} from a rate of {rate:.3f} at block {block} is not the steps' "
-            f"tau (step lengths {lengths}): how many drafts does a step propose?")
+            f"06_tau_conventions: your tau {mine:.3f} from a rate of {rate:.3f} at block {block} "
+            "is not the steps' "
+            f"tau (step lengths {lengths}): how many drafts does a step propose?"
+        )

@@ -31,10 +31,16 @@ def test_ancestor_mask(lab, demo):
             tree.add(rng.randrange(100), rng.randrange(len(tree.tokens)), 0.0)
         with forbidden(lab, RULE, {dflash.tree: ["ancestor_mask", "ancestor_mask_by_solve"]}):
             mine = lab.my_ancestor_mask(list(tree.parents))
-        wrong = [i for i, (row, right) in enumerate(zip(mine, ancestor_mask(tree.parents))) if list(row) != right]
+        wrong = [
+            i
+            for i, (row, right) in enumerate(zip(mine, ancestor_mask(tree.parents)))
+            if list(row) != right
+        ]
         assert len(mine) == len(tree.parents) and not wrong, (
-            f"07_ancestor_mask: for the tree with parents {tree.parents}, row {wrong[0] if wrong else len(mine)} "
-            f"is wrong (which nodes may node {wrong[0] if wrong else len(mine)} see?)")
+            f"07_ancestor_mask: for the tree with parents {tree.parents}, row "
+            f"{wrong[0] if wrong else len(mine)} "
+            f"is wrong (which nodes may node {wrong[0] if wrong else len(mine)} see?)"
+        )
     calls = []
     demo.assert_plugged_in_matches(plugged_into_the_verify_pass(lab.my_ancestor_mask, calls), tree_loop(demo),
                                    "07_ancestor_mask: with your mask in the tree loop's verify passes")

@@ -28,10 +28,20 @@ def as_draft_tree(my_build_tree):
 
 
 def tied_step(generator: torch.Generator, depth: int, width: int) -> tuple:
-    """A made-up step whose log-probabilities are whole numbers: many paths tie, and the tie rule decides."""
-    logprobs = -torch.randint(1, 4, (depth, width), generator=generator).sort(dim=1).values.float()  # (depth, width)
-    candidates = torch.stack([torch.randperm(1000, generator=generator)[:width] for _ in range(depth)])
-    return int(torch.randint(1000, (1,), generator=generator)), logprobs.tolist(), candidates.tolist()
+    """A made-up step whose log-probabilities are whole numbers: many paths tie, and the tie rule
+    decides."""
+    # (depth, width)
+    logprobs = (
+        -torch.randint(1, 4, (depth, width), generator=generator).sort(dim=1).values.float()
+    )
+    candidates = torch.stack(
+        [torch.randperm(1000, generator=generator)[:width] for _ in range(depth)]
+    )
+    return (
+        int(torch.randint(1000, (1,), generator=generator)),
+        logprobs.tolist(),
+        candidates.tolist(),
+    )
 
 
 def assert_same_trees(lab, steps, where: str) -> None:
@@ -42,14 +52,25 @@ def assert_same_trees(lab, steps, where: str) -> None:
                 tokens, parents = lab.my_build_tree(root, logprobs, candidates, budget)
             tokens, parents = list(tokens), list(parents)
             assert len(tokens) == len(parents) == len(reference.tokens), (
-                f"07_best_first_tree: {where} {index}, budget {budget}: {len(tokens) - 1} drafted nodes, and "
-                f"{len(parents) - 1} parents (how many nodes may the tree hold?)")
-            node = next((i for i in range(len(tokens)) if (tokens[i], parents[i]) != (reference.tokens[i],
-                                                                                      reference.parents[i])), None)
+                f"07_best_first_tree: {where} {index}, budget {budget}: {len(tokens) - 1} drafted "
+                "nodes, and "
+                f"{len(parents) - 1} parents (how many nodes may the tree hold?)"
+            )
+            node = next(
+                (
+                    i
+                    for i in range(len(tokens))
+                    if (tokens[i], parents[i]) != (reference.tokens[i], reference.parents[i])
+                ),
+                None,
+            )
             assert node is None, (
-                f"07_best_first_tree: {where} {index}, budget {budget}: node {node} (token {tokens[node]}, parent "
-                f"{parents[node]}) is not the best-first tree's node {node}: what does a node score, and "
-                f"which of two equal scores joins first?")
+                f"07_best_first_tree: {where} {index}, budget {budget}: node {node} (token "
+                f"{tokens[node]}, parent "
+                f"{parents[node]}) is not the best-first tree's node {node}: what does a node "
+                "score, and "
+                f"which of two equal scores joins first?"
+            )
 
 
 def drawn_offsets(generator: torch.Generator) -> tuple[int, int]:
@@ -60,7 +81,9 @@ def drawn_offsets(generator: torch.Generator) -> tuple[int, int]:
 def test_best_first_tree(lab, demo):
     generator = drawn_generator()
     steps = [random_step(generator, depth=15, width=width) for width in (1, 3, 32)]
-    assert_same_trees(lab, steps + [tied_step(generator, 6, width) for width in (2, 3, 4)], "made-up step")
-    assert_same_trees(lab, draft_steps(demo, prompts=3, offsets=(0, *drawn_offsets(generator))), "demo draft step")
+    tied = [tied_step(generator, 6, width) for width in (2, 3, 4)]
+    assert_same_trees(lab, steps + tied, "made-up step")
+    offsets = (0, *drawn_offsets(generator))
+    assert_same_trees(lab, draft_steps(demo, prompts=3, offsets=offsets), "demo draft step")
     plugged = mock.patch.object(generate, "build_tree", as_draft_tree(lab.my_build_tree))  # what the loop calls
     demo.assert_plugged_in_matches(plugged, tree_loop(demo), "07_best_first_tree: with your builder in the tree loop")

@@ -38,9 +38,12 @@ def test_expected_kept(lab, demo):
             mine = lab.expected_kept(best_first)
             simulated, error = simulated_kept(best_first, logprobs, candidates, generator)
             assert abs(mine - simulated) < 5 * error + 1e-6, (
-                f"07_expected_kept: {mine:.4f} expected kept drafts for a tree of {budget} is more than five "
-                f"standard errors {'above' if mine > simulated else 'below'} what drawing the truth from the "
-                f"drafter's law keeps")
+                f"07_expected_kept: {mine:.4f} expected kept drafts for a tree of {budget} is more "
+                "than five "
+                f"standard errors {'above' if mine > simulated else 'below'} what drawing the "
+                "truth from the "
+                f"drafter's law keeps"
+            )
             chain = build_tree(root, [row[:1] for row in logprobs[:budget]], [row[:1] for row in candidates[:budget]],
                                budget)  # one line of (at most) as many nodes
             assert mine >= lab.expected_kept(chain) - 1e-9, f"07_expected_kept: below the chain at budget {budget}"

@@ -14,11 +14,19 @@ def tau(alpha: float, block: int) -> float:
 
 def test_ar_pass_budget(lab):
     rng, answers = drawn_random(), set()
-    cases = [(1.0, 16), (0.5, 2)] + [(round(rng.uniform(0.4, 0.99), 3), rng.randrange(2, 17)) for _ in range(10)]
-    for dflash_speed in (rng.uniform(0.2, 0.4), rng.uniform(0.5, 0.8), rng.uniform(1.0, 1.5)):  # tokens per ms
-        base, slope = rng.uniform(3.0, 5.0), rng.uniform(0.1, 0.4)  # a verify's cost: base + slope * block, in ms
-        costs = types.SimpleNamespace(t_verify={b: base + slope * b for b in range(2, 17)},
-                                      rest=rng.uniform(0.3, 1.0), dflash_speed=dflash_speed, tau=tau)
+    cases = [(1.0, 16), (0.5, 2)] + [
+        (round(rng.uniform(0.4, 0.99), 3), rng.randrange(2, 17)) for _ in range(10)
+    ]
+    # tokens per ms
+    for dflash_speed in (rng.uniform(0.2, 0.4), rng.uniform(0.5, 0.8), rng.uniform(1.0, 1.5)):
+        # a verify's cost: base + slope * block, in ms
+        base, slope = rng.uniform(3.0, 5.0), rng.uniform(0.1, 0.4)
+        costs = types.SimpleNamespace(
+            t_verify={b: base + slope * b for b in range(2, 17)},
+            rest=rng.uniform(0.3, 1.0),
+            dflash_speed=dflash_speed,
+            tau=tau,
+        )
 
         def ar_speed(alpha, block, pass_ms):
             return tau(alpha, block) / (costs.t_verify[block] + costs.rest + (block - 1) * pass_ms)
@@ -29,9 +37,11 @@ def test_ar_pass_budget(lab):
             if budget is None:
                 assert ar_speed(alpha, block, 0.0) < dflash_speed, (
                     f"08_ar_pass_budget: alpha {alpha}, block {block}: None, but free passes give "
-                    f"{ar_speed(alpha, block, 0.0):.3f} tokens/ms against DFlash's {dflash_speed:.3f}")
+                    f"{ar_speed(alpha, block, 0.0):.3f} tokens/ms against DFlash's "
+                    f"{dflash_speed:.3f}")
             else:
                 assert budget >= 0 and abs(ar_speed(alpha, block, budget) / dflash_speed - 1) < 1e-9, (
                     f"08_ar_pass_budget: alpha {alpha}, block {block}: at {budget} ms a pass the drafter makes "
-                    f"{ar_speed(alpha, block, budget):.4f} tokens/ms, not DFlash's {dflash_speed:.3f}")
+                    f"{ar_speed(alpha, block, budget):.4f} tokens/ms, not DFlash's "
+                    f"{dflash_speed:.3f}")
     assert answers == {True, False}, "08_ar_pass_budget: the made-up costs should produce both kinds of answer"

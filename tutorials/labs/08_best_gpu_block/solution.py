@@ -1,11 +1,12 @@
-"""Lab 08_best_gpu_block, the reference answer (notebook 8, section 5): the best block on a GPU, by bisection.
+"""Lab 08_best_gpu_block, the reference answer (notebook 8, section 5): the best block on a GPU, by
+bisection.
 
-One more slot adds alpha^B to tau, a gain that shrinks geometrically, and adds its bytes and FLOPs to the
-step, a cost that never shrinks: so the speedup rises while the gain beats the cost, then falls, and has
-one peak. Whether speedup(B + 1) > speedup(B) then says on which side of the peak B lies: bisection on that
-comparison finds the peak in about log2(511) = 9 comparisons, 18 calls. On the GPU, below the ridge, a slot
-costs only its bytes, so the peak is set by the drafter's accuracy alone, far larger than on the CPU.
-"""
+One more slot adds alpha^B to tau, a gain that shrinks geometrically, and adds its bytes and FLOPs
+to the step, a cost that never shrinks: so the speedup rises while the gain beats the cost, then
+falls, and has one peak. Whether speedup(B + 1) > speedup(B) then says on which side of the peak B
+lies: bisection on that comparison finds the peak in about log2(511) = 9 comparisons, 18 calls. On
+the GPU, below the ridge, a slot costs only its bytes, so the peak is set by the drafter's accuracy
+alone, far larger than on the CPU."""
 
 
 def best_gpu_block(gpu_speedup, gpu: str, alpha: float) -> int:

@@ -10,7 +10,8 @@ STEPS = 200_000
 
 
 def drawn_cases(generator: torch.Generator) -> list[tuple[float, int, float, float]]:
-    """(alpha, block, draft_cost, verify_cost): the edges (alpha 0 and 1), then cases drawn at run time."""
+    """(alpha, block, draft_cost, verify_cost): the edges (alpha 0 and 1), then cases drawn at run
+    time."""
     def uniform(low, high):
         return round(low + (high - low) * torch.rand(1, generator=generator).item(), 3)
     cases = [(1.0, 16, 0.2, 1.3), (0.0, 4, 0.1, 1.0)]
@@ -34,5 +35,8 @@ def test_speedup_by_hand(lab):
         mine = lab.speedup(alpha, block, draft_cost, verify_cost)
         simulated, error = simulated_speedup(alpha, block, draft_cost, verify_cost, generator)
         assert abs(mine - simulated) < 5 * error + 1e-9, (
-            f"08_speedup_by_hand: speedup({alpha}, {block}, {draft_cost}, {verify_cost}) = {mine:.4f}, more than "
-            f"five standard errors {'above' if mine > simulated else 'below'} what simulating those steps gives")
+            f"08_speedup_by_hand: speedup({alpha}, {block}, {draft_cost}, {verify_cost}) = "
+            f"{mine:.4f}, more than "
+            f"five standard errors {'above' if mine > simulated else 'below'} what simulating "
+            "those steps gives"
+        )
