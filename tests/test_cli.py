@@ -198,3 +198,29 @@ def test_a_thread_count_is_bounded_by_the_cores():
     for bad in ("0", str(os.cpu_count() + 1), "1180591620717411303424"):
         with pytest.raises(argparse.ArgumentTypeError, match="an integer in 1.."):
             thread_count(bad)
+
+
+def test_torch_threads_default_to_the_physical_cores_less_one(monkeypatch):
+    """Issue 39: with every core taken by torch, one core busy with another process stalls every step.
+    The default leaves one core free, $OMP_NUM_THREADS (torchrun's) wins; run_cli applies --threads."""
+    import torch
+
+    import generate
+    from dflash import cli
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    for cores, threads in ((1, 1), (2, 1), (16, 15)):
+        monkeypatch.setattr(cli, "physical_cores", lambda: cores)
+        assert cli.default_threads() == threads
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # torchrun's, or the user's
+    assert cli.default_threads() == 3
+    try:
+        assert generate.main(["--prompt-ids", "1,2", "--threads", "1", "--max-new-tokens", "2", "--no-draft",
+                              "--model", str(TARGET), "--device", "cpu", "--json"]) == 0
+        assert torch.get_num_threads() == 1
+        monkeypatch.setattr(cli, "default_threads", lambda: 2)
+        assert generate.main(["--prompt-ids", "1,2", "--max-new-tokens", "2", "--no-draft", "--model",
+                              str(TARGET), "--device", "cpu", "--json"]) == 0
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)
