@@ -19,9 +19,7 @@ import contextlib
 import importlib
 import io
 import json
-import os
 import signal
-import sys
 import time
 import traceback
 from dataclasses import dataclass
