@@ -32,7 +32,7 @@ import torch  # noqa: E402
 import generate  # noqa: E402
 from bench_common import peak_memory, print_table  # noqa: E402
 from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_output, checked, non_negative,  # noqa: E402
-                        pick_device, pick_dtype, positive_int, run_cli, seed, thread_count)
+                        pick_device, pick_dtype, positive_int, run_cli, seed)
 from dflash.drafter import Drafter  # noqa: E402
 from dflash.measure import (BenchPrompt, Loops, Run, distinct_ngram_ratio, left_out, loop_figures, ratio,  # noqa: E402
                             step_ms, summarize_row)
@@ -265,7 +265,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch.compile the fixed-shape passes; `both`: eager, then compiled, each speedup also against "
                         "the faster of the two plain loops (default: on for CUDA, off for the CPU)")
     p.add_argument("--no-compile", dest="compile", action="store_const", const="off", help="the eager passes only")
-    p.add_argument("--threads", type=thread_count, help="CPU threads for torch (default: torch's own choice)")
     add_prompt_options(p)
     p.add_argument("--oracle", action=argparse.BooleanOptionalAction, default=True, help="also the ceiling, greedy")
     p.add_argument("--peer", choices=["transformers"], help="also time transformers' greedy generate (`peer` extra)")
@@ -287,8 +286,6 @@ def run(args) -> int:
         check_output(args.plots, "--plots", folder=True)
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     target = Qwen3.from_pretrained(args.model, device=device, dtype=dtype)
     drafter = Drafter.from_pretrained(args.draft, target=target, device=device, dtype=dtype)
     tokenizer = find_tokenizer(args.model)

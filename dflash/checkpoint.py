@@ -165,9 +165,9 @@ def block_size_of(raw: dict, dflash: dict, source: str) -> int:
     if not found:
         raise CheckpointError(f"{source}: block_size is missing (neither at the top level nor in dflash_config)")
     for name, value in found.items():
-        if not is_integer(value) or value < 2:  # a block is the last known token and one guess or more
-            raise CheckpointError(f"{source}: {name} must be an integer of at least 2 (the last token "
-                                  f"and one or more slots to draft), got {json.dumps(value)}")
+        if not is_integer(value) or value < 2:  # the last known token and one guess or more
+            raise CheckpointError(f"{source}: {name} must be an integer of at least 2 (the last "
+                                  f"token and one or more slots to draft), got {json.dumps(value)}")
     if len(set(found.values())) > 1:
         raise CheckpointError(f"{source}: block_size={raw['block_size']!r} and dflash_config.block_size="
                               f"{dflash['block_size']!r} disagree")
@@ -245,9 +245,10 @@ def checkpoint_folder(path, what: str) -> Path:
 
 def load_pretrained(cls, config, folder: Path, names: Callable[[nn.Module], dict[str, str]] | None, device,
                     dtype: torch.dtype, *, skip: frozenset[str] = frozenset(), trainable: bool = False):
-    """`cls(config)` built on the `meta` device, so an 8B model never exists twice in memory, filled from `folder`
-    (`names(model)`: the name map; None: ours). RoPE's frequencies are not stored: recomputed in float32 on `device`.
-    What the config would build is checked first: against the tensors stored and the free memory."""
+    """`cls(config)` built on the `meta` device, so an 8B model never exists twice in memory,
+    filled from `folder` (`names(model)`: the name map; None: ours). RoPE's frequencies are not
+    stored: recomputed in float32 on `device`. What the config would build is checked first,
+    against the tensors stored and the free memory."""
     stored = stored_shapes(folder, skip)
     check_layer_count(config, stored, folder)
     weights = sum(math.prod(shape) for shape in stored.values()) * dtype.itemsize
@@ -288,7 +289,7 @@ def check_layer_count(config, stored: dict[str, tuple[int, ...]], folder: Path) 
                               f"checkpoint's tensors hold {len(found)} layers")
 
 
-LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # model.layers.3.* (a target), layers.3.* (a drafter)
+LAYER_INDEX = re.compile(r"(?:^|\.)layers\.(\d+)\.")  # model.layers.3.* or, a drafter's, layers.3.*
 
 
 def available_memory(device) -> int | None:
@@ -299,7 +300,7 @@ def available_memory(device) -> int | None:
 
 
 def total_memory(device) -> int | None:
-    """Bytes `device` has in all, taken or not: its RAM and swap (or a container's limit), or a GPU's."""
+    """Bytes `device` has in all, taken or not: RAM and swap (or a container's limit); a GPU's."""
     return device_memory(device, ("MemTotal", "SwapTotal"),
                          lambda cuda: torch.cuda.get_device_properties(cuda).total_memory)
 
@@ -326,7 +327,7 @@ def device_memory(device, meminfo_fields: tuple[str, str], cuda_memory) -> int |
 
 
 def container_room(total: bool) -> int | None:
-    """A container's memory limit (cgroup v2), or what it still allows (not `total`); None without one."""
+    """A container's memory limit (cgroup v2), or what it still allows (not `total`); None: none."""
     cgroup = Path("/sys/fs/cgroup")
     try:
         limit = (cgroup / "memory.max").read_text().strip()

@@ -35,6 +35,8 @@ def run_cli(parser: argparse.ArgumentParser, run: Callable[..., int], argv: Sequ
         args = parser.parse_args(argv)
     except SystemExit as exit:  # `OneLineErrors.error` (2), or --help (0)
         return exit.code
+    if "threads" in vars(args):  # add_device_options' --threads, or a program's own
+        use_threads(args.threads)
     try:
         return run(args)
     except (UsageError, CheckpointError, TokenizerError) as err:  # what a user can fix
@@ -43,10 +45,48 @@ def run_cli(parser: argparse.ArgumentParser, run: Callable[..., int], argv: Sequ
 
 
 def add_device_options(parser: argparse.ArgumentParser) -> None:
-    """`--device` and `--dtype`, meaning the same in every program."""
+    """`--device`, `--dtype` and `--threads`, meaning the same in every program (`run_cli` applies
+    the threads)."""
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1...")
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
                         help="auto: bfloat16 on CUDA, float32 on CPU")
+    parser.add_argument("--threads", type=thread_count, help="CPU threads for torch (default: "
+                        "$OMP_NUM_THREADS if set, else the physical cores less one, here "
+                        f"{default_threads()}: torch's threads wait on each other, so one core "
+                        "taken by another process stalls every step of a run that uses them all)")
+
+
+def physical_cores() -> int:
+    """The cores this process may run on, counting a core's hardware threads once: two threads of
+    one core share its arithmetic units."""
+    allowed = os.cpu_count() or 1
+    if hasattr(os, "sched_getaffinity"):  # Linux: the cores this process may use
+        allowed = len(os.sched_getaffinity(0))
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return allowed
+    cores, package = set(), None
+    for line in cpuinfo.splitlines():  # "physical id : 0", then "core id : 3", per hardware thread
+        name, _, value = (part.strip() for part in line.partition(":"))
+        if name == "physical id":
+            package = value
+        elif name == "core id":
+            cores.add((package, value))
+    return max(1, min(allowed, len(cores) or allowed))
+
+
+def default_threads() -> int:
+    """torch's CPU threads unless --threads says: $OMP_NUM_THREADS (as torchrun sets it), else the
+    physical cores less one, at least one (see --threads)."""
+    from_env = os.environ.get("OMP_NUM_THREADS", "")
+    if from_env.isdigit() and int(from_env) > 0:
+        return int(from_env)
+    return max(1, physical_cores() - 1)
+
+
+def use_threads(count: int | None) -> None:
+    torch.set_num_threads(count or default_threads())
 
 
 def pick_device(name: str) -> torch.device:
@@ -90,7 +130,7 @@ positive_int = checked(int, "positive", lambda x: x > 0)
 seed = checked(int, "an integer in 0..2**64 - 1 (what torch's generators take)",
                lambda x: 0 <= x < 2**64)
 CORES = os.cpu_count() or 1
-thread_count = checked(int, f"an integer in 1..{CORES} (the cores here: more only wait on each other)",
+thread_count = checked(int, f"an integer in 1..{CORES} (the cores here: more wait on each other)",
                        lambda x: 1 <= x <= CORES)
 positive = checked(float, "a finite number above 0", lambda x: 0 < x < math.inf)  # nan fails every comparison
 non_negative = checked(float, "a finite number >= 0", lambda x: 0 <= x < math.inf)  # a temperature, say

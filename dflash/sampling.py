@@ -178,8 +178,8 @@ def add_sampling_options(parser: argparse.ArgumentParser, draft_policy: bool = T
         "over the file's value")
     if draft_policy:
         add("--draft-policy", type=known_draft_policy, default="greedy",
-            metavar="greedy|sampled|mixed:K", help="above temperature 0: draft the drafter's argmax "
-            "(default), sample every slot from it, or sample the first K slots")
+            metavar="greedy|sampled|mixed:K", help="above temperature 0: draft the drafter's "
+            "argmax (default), sample every slot from it, or sample the first K slots")
 
 
 # The fields of `generation_config.json` that say how to sample, and what each must be.

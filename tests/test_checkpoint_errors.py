@@ -175,7 +175,8 @@ def test_layer_types_that_is_not_a_list_is_one_line(tmp_path, value):
     """Found by tests/test_walk_options.py: TypeError ('int' object is not iterable)."""
     folder = copy_of("qwen3-tiny", tmp_path)
     edit_config(folder, layer_types=value)
-    expect_error(folder, f"layer_types must be a list (one kind per layer), got {json.dumps(value)}")
+    expect_error(folder, "layer_types must be a list (one kind per layer), got "
+                 f"{json.dumps(value)}")
 
 
 @pytest.mark.parametrize("value", [[1], {}, "8", 8.0])

@@ -165,7 +165,7 @@ def test_an_empty_or_missing_prompt_file_is_one_error(tmp_path):
 
 
 def test_a_seed_is_what_torch_generators_take():
-    """`dflash.cli.seed`, the --seed type of every program: torch's manual_seed overflows past 2**64 - 1."""
+    """`dflash.cli.seed`, every program's --seed type: torch's manual_seed overflows past it."""
     import argparse
 
     from dflash.cli import seed
@@ -181,14 +181,15 @@ def test_a_device_index_must_exist():
 
     from dflash.cli import UsageError, pick_device
 
-    assert pick_device("cpu") == torch.device("cpu") and pick_device("cpu:0") == torch.device("cpu:0")
+    assert pick_device("cpu") == torch.device("cpu")
+    assert pick_device("cpu:0") == torch.device("cpu:0")
     for name in ("cpu:5", "cuda:1000"):
         with pytest.raises(UsageError, match=f"device '{name}' is not available here"):
             pick_device(name)
 
 
 def test_a_thread_count_is_bounded_by_the_cores():
-    """Found by tests/test_walk_options.py: bench.py --threads 1180591620717411303424 overflowed in torch."""
+    """Found by tests/test_walk_options.py: bench.py --threads 1180591620717411303424 overflowed."""
     import argparse
     import os
 
@@ -198,3 +199,29 @@ def test_a_thread_count_is_bounded_by_the_cores():
     for bad in ("0", str(os.cpu_count() + 1), "1180591620717411303424"):
         with pytest.raises(argparse.ArgumentTypeError, match="an integer in 1.."):
             thread_count(bad)
+
+
+def test_torch_threads_default_to_the_physical_cores_less_one(monkeypatch):
+    """Issue 39: with every core taken by torch, one core busy with another process stalls every
+    step. The default leaves a core free; $OMP_NUM_THREADS (torchrun's) wins; run_cli applies it."""
+    import torch
+
+    import generate
+    from dflash import cli
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    for cores, threads in ((1, 1), (2, 1), (16, 15)):
+        monkeypatch.setattr(cli, "physical_cores", lambda: cores)
+        assert cli.default_threads() == threads
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # torchrun's, or the user's
+    assert cli.default_threads() == 3
+    plain = ["--prompt-ids", "1,2", "--max-new-tokens", "2", "--no-draft", "--model", str(TARGET),
+             "--device", "cpu", "--json"]
+    try:
+        assert generate.main([*plain, "--threads", "1"]) == 0
+        assert torch.get_num_threads() == 1
+        monkeypatch.setattr(cli, "default_threads", lambda: 2)
+        assert generate.main(plain) == 0
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(1)

@@ -303,11 +303,13 @@ def test_sample_from_config_reads_what_the_checkpoint_recommends(tmp_path):
 
 @pytest.mark.parametrize("temperature", [1e-39, 1e-46, 1e-320])
 def test_a_temperature_too_small_to_divide_by_is_greedy(temperature):
-    """Bug: logits / 1e-39 overflow float32 and 1e-46 is float32's 0: NaN probabilities, every token id the last."""
+    """Bug: logits / 1e-39 overflow float32, and 1e-46 is float32's 0: NaN probabilities, every
+    token id the last one."""
     logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(0)) * 10
     sampling = Sampling(temperature)
     assert sampling.greedy and sampling.temperature == 0.0
-    assert sample(logits, temperature, torch.Generator().manual_seed(1)).tolist() == logits.argmax(-1).tolist()
+    drawn = sample(logits, temperature, torch.Generator().manual_seed(1))
+    assert drawn.tolist() == logits.argmax(-1).tolist()
 
 
 def test_generate_at_a_temperature_that_underflows_gives_the_greedy_output(capsys):
@@ -315,8 +317,8 @@ def test_generate_at_a_temperature_that_underflows_gives_the_greedy_output(capsy
 
     import generate
 
-    pair = ["--model", "tests/fixtures/qwen3-tiny-sharded", "--draft", "tests/fixtures/dflash-tiny", "--device", "cpu",
-            "--prompt-ids", "1,2,3", "--max-new-tokens", "6", "--json"]
+    pair = ["--model", "tests/fixtures/qwen3-tiny-sharded", "--draft", "tests/fixtures/dflash-tiny",
+            "--device", "cpu", "--prompt-ids", "1,2,3", "--max-new-tokens", "6", "--json"]
     outputs = []
     for temperature in ("0", "1e-39", "1e-320"):
         assert generate.main([*pair, "--temperature", temperature]) == 0
@@ -329,17 +331,20 @@ def test_an_option_given_explicitly_wins_over_the_generation_config():
     """Bug: `--sample-from-config --temperature 0.3` sampled at the config's 0.7."""
     import generate
 
-    parse = generate.build_parser().parse_args
-    model = "weights/tiny-qwen3"  # its generation_config.json: do_sample, temperature 0.7, top_k 20, top_p 0.8
-    assert sampling_of(parse(["--sample-from-config"]), model) == Sampling(0.7, 20, 0.8)
-    assert sampling_of(parse(["--sample-from-config", "--temperature", "0.3"]), model) == Sampling(0.3, 20, 0.8)
-    assert sampling_of(parse(["--sample-from-config", "--top-k", "0", "--top-p", "1"]), model) == Sampling(0.7)
-    assert sampling_of(parse(["--top-k", "5"]), model) == Sampling(0.0, 5)
+    def sampling(*options: str) -> Sampling:
+        model = "weights/tiny-qwen3"  # do_sample, temperature 0.7, top_k 20, top_p 0.8
+        return sampling_of(generate.build_parser().parse_args(list(options)), model)
+
+    assert sampling("--sample-from-config") == Sampling(0.7, 20, 0.8)
+    assert sampling("--sample-from-config", "--temperature", "0.3") == Sampling(0.3, 20, 0.8)
+    assert sampling("--sample-from-config", "--top-k", "0", "--top-p", "1") == Sampling(0.7)
+    assert sampling("--top-k", "5") == Sampling(0.0, 5)
     assert "wins over the file's value" in " ".join(generate.build_parser().format_help().split())
 
 
 def test_an_unknown_draft_policy_is_called_unknown(capsys):
-    """Bug: `--draft-policy foo` at temperature 0 said the policy "samples drafts" instead of that it is unknown."""
+    """Bug: `--draft-policy foo` at temperature 0 said the policy "samples drafts", not that it is
+    unknown."""
     import generate
 
     from dflash.cli import UsageError
@@ -347,7 +352,7 @@ def test_an_unknown_draft_policy_is_called_unknown(capsys):
 
     code = generate.main(["--prompt-ids", "1", "--draft-policy", "foo"])
     lines = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and lines == ["error: argument --draft-policy: unknown draft policy 'foo' (greedy, sampled or "
-                                   "mixed:K with K >= 1)"]
+    assert code == 2 and lines == ["error: argument --draft-policy: unknown draft policy 'foo' "
+                                   "(greedy, sampled or mixed:K with K >= 1)"]
     with pytest.raises(UsageError, match="draft policy must be greedy, sampled or mixed:K"):
         sampled_slots("foo", 8, Sampling())

@@ -1,14 +1,15 @@
 """Every option of every program, and every field of the three config files, given hostile values.
 
-A case passes when the program exits 0, or exits 2 with exactly one `error:` line, within CASE_SECONDS: never a
-traceback, never a hang, never a second line. The options are read from each program's own `build_parser()`, so
-an option added later is walked without a word here; a new program goes into PROGRAMS. The config fields are the
-fixtures' own plus every field the readers check (`QWEN3_FIELD_RULES`, `DRAFTER_FIELD_RULES`,
-`GENERATION_FIELD_RULES`).
+A case passes when the program exits 0, or exits 2 with exactly one `error:` line, within
+CASE_SECONDS: never a traceback, never a hang, never a second line. The options are read from each
+program's own `build_parser()`, so an option added later is walked without a word here; a new
+program goes into PROGRAMS (`test_every_program_is_walked` says so). The config fields are the
+fixtures' own and every field the readers check (`QWEN3_FIELD_RULES`, `DRAFTER_FIELD_RULES`,
+`GENERATION_FIELD_RULES`), read by generate.py.
 
-The programs run in this process (`main(argv)`, stdout and stderr captured): a subprocess each would spend its
-time importing torch. Cases known to fail in code another branch owns are listed in PENDING with what they do;
-they are skipped, not hidden, and whoever fixes the code empties the list.
+The programs run in this process (`main(argv)`, stdout and stderr captured): a subprocess each would
+spend its time importing torch. Cases that fail in code another branch owns are in PENDING with what
+they did: skipped, not hidden; whoever fixes that code empties the list.
 """
 
 from __future__ import annotations
@@ -18,9 +19,7 @@ import contextlib
 import importlib
 import io
 import json
-import os
 import signal
-import sys
 import time
 import traceback
 from dataclasses import dataclass
@@ -36,11 +35,11 @@ from dflash.sampling import GENERATION_FIELD_RULES
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES, WEIGHTS = ROOT / "tests" / "fixtures", ROOT / "weights"
-CASE_SECONDS = 30  # per case: a valid run here takes well under a second; a hang or a runaway allocation won't
+CASE_SECONDS = 30  # a valid run here takes under a second; a hang or a runaway allocation won't
 
-# Each option taking a value gets these, by what it takes: a number (or a list of them): empty, the
-# wrong type, out of range, not a number, extreme; a path or a text: empty, missing, a device; one of
-# some choices: empty, none of them.
+# Each option taking a value gets these, by what it takes: a number (or a list of them): empty,
+# the wrong type, out of range, not a number, extreme; a path or a text: empty, missing, a device;
+# one of some choices: empty, none of them.
 NUMBER_VALUES = ["", "abc", "-1", "0", "nan", "1e308", "1180591620717411303424"]
 TEXT_VALUES = ["", "abc", "/dev/null"]
 CHOICE_VALUES = ["", "bogus"]
@@ -50,11 +49,12 @@ FIELD_VALUES = ["x", -1, 0, 10**12, 1e308, None, True, [1], {}]
 
 @dataclass
 class Program:
-    """A program's module (imported from its folder), and the argv of a tiny valid run in `folder`."""
+    """A program's module (tests/conftest.py puts benchmarks/ on the path) and the argv of a tiny
+    valid run writing in `folder`."""
 
     module: str
     base: Callable[[Path], list[str]]
-    parse_only: bool = False  # only what its parser refuses is checked: a valid run is too long for the suite
+    parse_only: bool = False  # only its parser is walked: a valid run is too long for the suite
 
     def main(self):
         return importlib.import_module(self.module).main
@@ -88,39 +88,47 @@ DEMO = ["--model", str(WEIGHTS / "tiny-qwen3"), "--draft", str(WEIGHTS / "tiny-q
 PROGRAMS = {
     "generate.py": Program("generate", lambda folder: [
         *PAIR, "--prompt-ids", "1,2,3", "--max-new-tokens", "3", "--device", "cpu"]),
-    "train.py": Program("train", lambda folder: [
-        "--target", str(FIXTURES / "qwen3-tiny"), "--data", str(train_data(folder)), "--out", str(folder / "run"),
-        "--drafter-layers", "1", "--block-size", "4", "--num-anchors", "2", "--batch-size", "1", "--steps", "1",
-        "--max-seq-len", "16", "--save-every-minutes", "0", "--minutes", "0.005", "--device", "cpu"]),
+    "train.py": Program("train", lambda folder: [  # --minutes: a huge --steps is a long run, no bug
+        "--target", str(FIXTURES / "qwen3-tiny"), "--data", str(train_data(folder)),
+        "--out", str(folder / "run"), "--drafter-layers", "1", "--block-size", "4",
+        "--num-anchors", "2", "--batch-size", "1", "--steps", "1", "--max-seq-len", "16",
+        "--save-every-minutes", "0", "--minutes", "0.005", "--device", "cpu"]),
     "make_data.py": Program("make_data", lambda folder: [
         "--target", str(WEIGHTS / "tiny-qwen3"), "--prompts", str(text_prompts_file(folder)),
         "--out", str(folder / "data.jsonl"), "--max-new-tokens", "3", "--device", "cpu"]),
     "benchmarks/bench.py": Program("bench", lambda folder: [
-        *DEMO, "--prompts", str(prompts_file(folder)), "--max-new-tokens", "3", "--block-sizes", "4",
-        "--no-oracle", "--device", "cpu"]),
+        *DEMO, "--prompts", str(prompts_file(folder)), "--max-new-tokens", "3",
+        "--block-sizes", "4", "--no-oracle", "--device", "cpu"]),
     "benchmarks/drafter_check.py": Program("drafter_check", lambda folder: [
         *DEMO, "--prompts", str(prompts_file(folder)), "--max-new-tokens", "3", "--device", "cpu"]),
 }
-if (ROOT / "benchmarks" / "cpu_study.py").exists():  # it studies real Qwen3 shapes: its parser only
+if (ROOT / "benchmarks" / "cpu_study.py").exists():  # it times real Qwen3 shapes: its parser only
     PROGRAMS["benchmarks/cpu_study.py"] = Program("cpu_study", lambda folder: [], parse_only=True)
+# Scripts with a parser that measure rather than serve a user: not walked.
+NOT_WALKED = {"benchmarks/bench_load.py", "benchmarks/bench_train.py", "benchmarks/gpu_check.py",
+              "benchmarks/pass_costs.py", "benchmarks/step_overheads.py"}
 
-# (program, option, value) -> what happened at the time of writing; the code that fails is another branch's.
+# (program, option, value) -> what it did when this was written; the code that fails is another
+# branch's (generate.py: the lead's; train.py: the train branch's).
 HUGE = "1180591620717411303424"
 PENDING: dict[tuple[str, str, str], str] = {
-    ("generate.py", "--seed", HUGE): "ValueError at generate.py:498: Overflow when unpacking long long "
-    "(the lead's: `type=seed` from dflash.cli)",
-    ("train.py", "--seed", HUGE): "ValueError at training.py:120: Overflow when unpacking long long "
-    "(train's: `type=seed` from dflash.cli)",
+    ("generate.py", "--seed", HUGE): "ValueError at generate.py:498: Overflow when unpacking long "
+    "long (the lead's: `type=seed` from dflash.cli)",
+    ("train.py", "--seed", HUGE): "ValueError at training.py:120: Overflow when unpacking long "
+    "long (train's: `type=seed` from dflash.cli)",
     ("train.py", "--drafter-layers", HUGE): "still running after 30 s (building the layers)",
     ("train.py", "--block-size", HUGE): "OverflowError at train.py:106: int too big to convert",
     ("train.py", "--intermediate-size", HUGE): "TypeError at linear.py:109: empty(): Overflow when "
     "unpacking long long",
-    ("train.py", "--num-heads", HUGE): "TypeError at linear.py:109: empty(): Overflow when unpacking long long",
-    ("train.py", "--head-dim", HUGE): "TypeError at linear.py:109: empty(): Overflow when unpacking long long",
+    ("train.py", "--num-heads", HUGE): "TypeError at linear.py:109: empty(): Overflow when "
+    "unpacking long long",
+    ("train.py", "--head-dim", HUGE): "TypeError at linear.py:109: empty(): Overflow when "
+    "unpacking long long",
     ("train.py", "--batch-size", HUGE): "still running after 30 s",
-    ("train.py", "--grad-accum", HUGE): "still running after 30 s (--minutes is not looked at within a step)",
+    ("train.py", "--grad-accum", HUGE): "still running after 30 s (--minutes is not looked at "
+    "within a step)",
 }
-# Options whose valid run takes minutes here (compiling on a CPU): only the values their parser refuses are run.
+# Options whose valid run takes minutes here (compiling on a CPU): only their parser is walked.
 SLOW = {("generate.py", "--compile"), ("benchmarks/bench.py", "--compile")}
 
 
@@ -129,7 +137,8 @@ SLOW = {("generate.py", "--compile"), ("benchmarks/bench.py", "--compile")}
 
 @contextlib.contextmanager
 def time_limit(seconds: float):
-    """A TimeoutError inside the block once it runs past `seconds`, in place of a hung suite."""
+    """A TimeoutError inside the block once it runs past `seconds`, where a hang would stop the
+    suite (SIGALRM: Unix, main thread; a call stuck in native code does not see it)."""
     def late(signum, frame):
         raise TimeoutError(f"still running after {seconds} s")
 
@@ -143,18 +152,20 @@ def time_limit(seconds: float):
 
 
 def outcome(main, argv: list[str]) -> str | None:
-    """None when `main(argv)` keeps the promise (exit 0; or exit 2 and one `error:` line), else what it did."""
+    """None when `main(argv)` keeps the promise (exit 0; or exit 2 and one `error:` line), else
+    what it did instead."""
     err, began = io.StringIO(), time.perf_counter()
+    quiet = contextlib.redirect_stdout(io.StringIO())
     try:
-        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(err), time_limit(CASE_SECONDS):
+        with quiet, contextlib.redirect_stderr(err), time_limit(CASE_SECONDS):
             try:
                 status = main(argv)
             except SystemExit as exit:
                 status = exit.code
     except BaseException as error:  # noqa: BLE001: a traceback is what we look for
         frame = traceback.extract_tb(error.__traceback__)[-1]
-        where = f"{Path(frame.filename).name}:{frame.lineno}"
-        return f"{type(error).__name__} at {where}: {str(error).splitlines()[0][:160] if str(error) else ''}"
+        first_line = (str(error).splitlines() or [""])[0][:160]
+        return f"{type(error).__name__} at {Path(frame.filename).name}:{frame.lineno}: {first_line}"
     lines = err.getvalue().strip().splitlines()
     if "Traceback" in err.getvalue():
         return f"a traceback on stderr (exit {status}): {lines[-1][:160]}"
@@ -162,7 +173,7 @@ def outcome(main, argv: list[str]) -> str | None:
         return f"exit 2 with {len(lines)} stderr lines: {' | '.join(lines)[:200]}"
     if status not in (0, 2):
         return f"exit {status}: {' | '.join(lines[-2:])[:200]}"
-    if time.perf_counter() - began > CASE_SECONDS:  # a call that ignored the alarm (inside native code)
+    if time.perf_counter() - began > CASE_SECONDS:  # the alarm came while in native code
         return f"took {time.perf_counter() - began:.0f} s"
     return None
 
@@ -171,7 +182,7 @@ def outcome(main, argv: list[str]) -> str | None:
 
 
 def option_cases() -> list[tuple[str, str, str | None]]:
-    """(program, option, value or None for a flag) for every option of every program, --help aside."""
+    """(program, option, value; None: a flag) for every option of every program, --help aside."""
     cases = []
     for name, program in PROGRAMS.items():
         for action in program.parser()._actions:
@@ -181,8 +192,8 @@ def option_cases() -> list[tuple[str, str, str | None]]:
             if action.nargs == 0:
                 cases.append((name, options[0], None))
                 continue
-            values = (CHOICE_VALUES if action.choices else TEXT_VALUES if action.type in (None, str, Path)
-                      else NUMBER_VALUES)
+            text = action.type in (None, str, Path)
+            values = CHOICE_VALUES if action.choices else TEXT_VALUES if text else NUMBER_VALUES
             cases += [(name, options[0], value) for value in values]
             if action.nargs == "?":
                 cases.append((name, options[0], None))
@@ -190,17 +201,16 @@ def option_cases() -> list[tuple[str, str, str | None]]:
 
 
 def test_every_program_is_walked():
-    """Every program that has a `build_parser` and a `main` is in PROGRAMS (the walk cannot see what is not)."""
-    found = {str(path.relative_to(ROOT)) for folder in (ROOT, ROOT / "benchmarks") for path in folder.glob("*.py")
+    """Every script with a `build_parser` and a `main` is in PROGRAMS, or in NOT_WALKED."""
+    scripts = [path for folder in (ROOT, ROOT / "benchmarks") for path in folder.glob("*.py")]
+    found = {str(path.relative_to(ROOT)) for path in scripts
              if "def build_parser(" in path.read_text() and "def main(" in path.read_text()}
-    walked_elsewhere = {"benchmarks/bench_load.py", "benchmarks/bench_train.py", "benchmarks/gpu_check.py",
-                        "benchmarks/pass_costs.py", "benchmarks/step_overheads.py"}  # measurements, not user tools
-    assert found - walked_elsewhere <= set(PROGRAMS), found - walked_elsewhere - set(PROGRAMS)
+    assert found - NOT_WALKED <= set(PROGRAMS), found - NOT_WALKED - set(PROGRAMS)
 
 
 def run_option_case(program: str, option: str, value: str | None, folder: Path) -> str | None:
     spec = PROGRAMS[program]
-    given = [option] if value is None else [f"{option}={value}"]  # "--seed=-1": a value, not an option
+    given = [option] if value is None else [f"{option}={value}"]  # "--seed=-1": -1 is the value
     if spec.parse_only or (program, option) in SLOW:
         parser = spec.parser()
         return outcome(lambda argv: parser.parse_args(argv) and 0, given)
@@ -209,14 +219,15 @@ def run_option_case(program: str, option: str, value: str | None, folder: Path) 
 
 @pytest.mark.parametrize("program", list(PROGRAMS))
 def test_every_option_takes_hostile_values_in_one_line(program, tmp_path):
-    """Each option alone, after a tiny valid run's arguments, with every value of VALUES (a flag: given)."""
+    """Each option alone, after a tiny valid run's arguments, with each value its kind gets (a flag:
+    given)."""
     failures = []
     for index, (name, option, value) in enumerate(option_cases()):
         if name != program or (name, option, str(value)) in PENDING:
             continue
         folder = tmp_path / str(index)
         folder.mkdir()
-        with contextlib.chdir(folder):  # whatever a case writes by default lands here
+        with contextlib.chdir(folder):  # what a case writes by default lands here
             found = run_option_case(name, option, value, folder)
         if found is not None:
             failures.append(f"{name} {option} {value!r}: {found}")
@@ -250,50 +261,56 @@ def set_field(name: str, value) -> Callable[[dict], None]:
 
 def config_fields(source: Path, config: str, rules: dict) -> list[str]:
     data = json.loads((source / config).read_text()) if (source / config).exists() else {}
-    nested = [f"{outer}.{inner}" for outer, value in data.items() if isinstance(value, dict) for inner in value]
+    nested = [f"{outer}.{inner}" for outer, value in data.items() if isinstance(value, dict)
+              for inner in value]
     return list(dict.fromkeys([*data, *nested, *rules]))
 
 
-# (file, the fixture it edits, the rules its reader checks, the run that reads it)
+# (file, the fixture it edits, the rules its reader checks, the models given to generate.py)
 CONFIGS = {
     "target config.json": ("config.json", FIXTURES / "qwen3-tiny-sharded", QWEN3_FIELD_RULES,
-                           lambda folder: ["--model", str(folder), "--draft", str(FIXTURES / "dflash-tiny")]),
+                           lambda folder: ["--model", str(folder), *PAIR[2:]]),
     "drafter config.json": ("config.json", FIXTURES / "dflash-tiny", DRAFTER_FIELD_RULES,
-                            lambda folder: ["--model", str(FIXTURES / "qwen3-tiny-sharded"), "--draft", str(folder)]),
-    "generation_config.json": ("generation_config.json", WEIGHTS / "tiny-qwen3", GENERATION_FIELD_RULES,
-                               lambda folder: ["--model", str(folder), "--draft", str(WEIGHTS / "tiny-qwen3-dflash"),
-                                               "--sample-from-config"]),
+                            lambda folder: [*PAIR[:2], "--draft", str(folder)]),
+    "generation_config.json": (
+        "generation_config.json", WEIGHTS / "tiny-qwen3", GENERATION_FIELD_RULES,
+        lambda folder: ["--model", str(folder), *DEMO[2:], "--sample-from-config"]),
     "tokenizer_config.json": ("tokenizer_config.json", WEIGHTS / "tiny-qwen3", {},
-                              lambda folder: ["--model", str(folder), "--draft", str(WEIGHTS / "tiny-qwen3-dflash")]),
+                              lambda folder: ["--model", str(folder), *DEMO[2:]]),
 }
+
+
+def generate_with(which: str, folder: Path) -> str | None:
+    """generate.py's outcome on the checkpoint copy `folder` of CONFIGS[which]'s fixture."""
+    _, source, _, models = CONFIGS[which]
+    has_tokenizer = (source / "tokenizer.json").exists()
+    prompt = ["--prompt", "Mia has 3 apples."] if has_tokenizer else ["--prompt-ids", "5,6,7"]
+    main = importlib.import_module("generate").main
+    return outcome(main, [*models(folder), *prompt, "--max-new-tokens", "3", "--device", "cpu"])
 
 
 @pytest.mark.parametrize("which", list(CONFIGS))
 def test_every_config_field_takes_hostile_values_in_one_line(which, tmp_path):
-    """Each field of the file, alone, set to every value of FIELD_VALUES; generate.py reads the checkpoint."""
-    config, source, rules, models = CONFIGS[which]
-    main, failures = importlib.import_module("generate").main, []
-    prompt = ["--prompt-ids", "5,6,7"] if "tiny-qwen3" not in str(source) else ["--prompt", "Mia has 3 apples."]
+    """Each field of the file alone, set to each of FIELD_VALUES."""
+    config, source, rules, _ = CONFIGS[which]
+    failures = []
     for field in config_fields(source, config, rules):
         for index, value in enumerate(FIELD_VALUES):
-            if (which, field, json.dumps(value)) in PENDING:
-                continue
-            folder = linked_copy(source, tmp_path / f"{field}-{index}", config, set_field(field, value))
-            found = outcome(main, [*models(folder), *prompt, "--max-new-tokens", "3", "--device", "cpu"])
+            edit = set_field(field, value)
+            folder = linked_copy(source, tmp_path / f"{field}-{index}", config, edit)
+            found = generate_with(which, folder)
             if found is not None:
                 failures.append(f"{which} {field} = {json.dumps(value)}: {found}")
     assert not failures, "\n".join(failures)
 
 
 def test_a_config_file_that_is_not_an_object_is_one_line(tmp_path):
-    main, failures = importlib.import_module("generate").main, []
-    for which, (config, source, _, models) in CONFIGS.items():
+    failures = []
+    for which, (config, source, _, _) in CONFIGS.items():
         for index, text in enumerate(["[1, 2]", "7", '"x"', "null", "{", ""]):
-            folder = tmp_path / f"{which}-{index}"
-            linked_copy(source, folder, config, lambda data: None)
+            folder = linked_copy(source, tmp_path / f"{which}-{index}", config, lambda data: None)
             (folder / config).write_text(text)
-            prompt = ["--prompt-ids", "5,6,7"] if "tiny-qwen3" not in str(source) else ["--prompt", "Mia"]
-            found = outcome(main, [*models(folder), *prompt, "--max-new-tokens", "3", "--device", "cpu"])
+            found = generate_with(which, folder)
             if found is not None:
                 failures.append(f"{which} holding {text!r}: {found}")
     assert not failures, "\n".join(failures)
