@@ -19,7 +19,7 @@ import torch
 from tqdm import tqdm
 
 from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_output, jsonl_records,
-                        pick_device, pick_dtype, positive_int, run_cli)
+                        pick_device, pick_dtype, positive_int, run_cli, seed)
 from dflash.data import content_hash, encode_prompts, generate_batch, pack
 from dflash.prompts import PROMPT_FORMAT, add_prompt_options
 from dflash.qwen3 import Qwen3
@@ -62,6 +62,8 @@ def make_data(args: argparse.Namespace) -> int:
     """Answer every prompt `--out` does not answer yet, a batch at a time, appending as we go."""
     check_output(args.out, "--out")
     if args.pack:
+        if not args.pack.name:  # "" or ".": the packed files need a folder of their own
+            raise UsageError(f"--pack {str(args.pack)!r}: name a folder for the packed data")
         check_output(args.pack, "--pack", folder=True)
     sampling = sampling_of(args, args.target)
     settings = answer_settings(args, sampling)
@@ -131,7 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tokenizer", type=Path, help="tokenizer folder (default: the target's, if it has one)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=512, help="longest answer (default: 512)")
     parser.add_argument("--batch-size", type=positive_int, default=16, help="prompts answered at once (default: 16)")
-    parser.add_argument("--seed", type=int, default=0, help="for sampling at temperature > 0 (default: 0)")
+    parser.add_argument("--seed", type=seed, default=0, help="for sampling at temperature > 0 (default: 0)")
     add_sampling_options(parser, draft_policy=False)
     add_prompt_options(parser)
     parser.add_argument("--pack", type=Path, help="then also write OUT as a packed folder train.py "

@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 
 from dflash.cli import (OneLineErrors, UsageError, add_device_options, checked, int_list,
-                        positive_int)
+                        positive_int, seed)
 from dflash.prompts import Prompt, add_prompt_options
 from dflash.sampling import add_sampling_options
 
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the baseline, then DFlash, and report the speedup")
     p.add_argument("--max-new-tokens", type=positive_int, default=128)
     add_sampling_options(p)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=seed, default=0)
     p.add_argument("--block-size", type=checked(int, "at least 2", lambda x: x >= 2),
                    help="tokens per draft block (2..the drafter's; default the drafter's)")
     p.add_argument("--tree", type=checked(int, "0 (no tree) or more", lambda x: x >= 0), default=0,

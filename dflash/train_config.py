@@ -24,7 +24,7 @@ DEFAULT_DRAFTER_LAYERS, DEFAULT_BLOCK_SIZE = 5, 16  # a new drafter's; --init-fr
 MAY_CHANGE_ON_RESUME = ("resume", "force", "minutes", "stop_at", "eval_prompts", "eval_every",
                         "eval_max_new_tokens", "save_every", "save_every_minutes", "log_every",
                         "device", "out", "data", "auto_resume", "batch_size", "grad_accum",
-                        "save_dtype")
+                        "save_dtype", "threads")
 
 
 @dataclass
@@ -76,6 +76,7 @@ class TrainConfig:
     force: bool = False
     auto_resume: bool = False  # resume if --out holds a checkpoint, else start
     device: str = "auto"
+    threads: int | None = None  # CPU threads for torch (dflash.cli's default: cores minus one)
     dtype: str = "auto"  # the frozen target's: the drafter trains in float32
     save_dtype: str = "auto"  # the saved drafter's: the target's, as engines serve it
 
@@ -121,6 +122,7 @@ def build_drafter_config(cfg: TrainConfig, target: Qwen3Config, tokenizer) -> Dr
     if layers.num_attention_heads % layers.num_key_value_heads:
         raise UsageError(f"--num-heads {layers.num_attention_heads} is not a multiple of "
                          f"--num-kv-heads {layers.num_key_value_heads}")
+    check_drafter_size(layers, len(cfg.target_layer_ids or ()) or depth)
     layer_ids = cfg.target_layer_ids or default_target_layer_ids(target.num_hidden_layers, depth)
     config = DrafterConfig(layers, cfg.block_size or DEFAULT_BLOCK_SIZE, target.num_hidden_layers,
                            mask_token_id, list(layer_ids))
@@ -135,6 +137,22 @@ def shape_of(config: DrafterConfig) -> dict:
             "target_layer_ids": config.target_layer_ids, "mask_token_id": config.mask_token_id,
             "intermediate_size": layers.intermediate_size, "num_heads": layers.num_attention_heads,
             "num_kv_heads": layers.num_key_value_heads, "head_dim": layers.head_dim}
+
+
+def check_drafter_size(layers: Qwen3Config, features: int) -> None:
+    """Refuse, before it is built, a drafter whose training state (float32 weights, gradients and
+    AdamW's two moments: 16 bytes a parameter) cannot fit this machine's memory."""
+    h, heads, kv, hd = (layers.hidden_size, layers.num_attention_heads, layers.num_key_value_heads,
+                        layers.head_dim)
+    per_layer = 2 * h * heads * hd + 2 * h * kv * hd + 3 * h * layers.intermediate_size
+    parameters = layers.num_hidden_layers * per_layer + features * h * h  # and `fc`
+    needed, available = 16 * parameters, memory_of(torch.device("cpu"))
+    if needed > available:
+        raise UsageError(f"a drafter of {layers.num_hidden_layers} layers (--drafter-layers), "
+                         f"{heads} heads of {hd} (--num-heads, --head-dim) and an MLP of "
+                         f"{layers.intermediate_size} (--intermediate-size) has {parameters:.3g} "
+                         f"parameters: about {needed / 2**30:.3g} GiB to train, more than this "
+                         f"machine's {available / 2**30:.0f} GiB")
 
 
 def starting_drafter(cfg: TrainConfig, target: Qwen3, tokenizer) -> Drafter:
@@ -169,6 +187,9 @@ def check_sizes(cfg: TrainConfig, config: DrafterConfig, target: Qwen3Config, se
     per_sequence += longest * len(config.target_layer_ids) * target.hidden_size * 4
     if device.type != "cuda":  # AnchoredBlocks' CPU path holds its mask: one byte per score
         per_sequence += slots * (longest + slots)
+    if cfg.batch_size * cfg.grad_accum > len(sequences.starts):
+        raise UsageError(f"--batch-size {cfg.batch_size} x --grad-accum {cfg.grad_accum} sequences a "
+                         f"step: more than the data's {len(sequences.starts)}")
     needed, available = cfg.batch_size * per_sequence, memory_of(device)
     if needed > available:
         raise UsageError(f"{named} {config.block_size} with --num-anchors {cfg.num_anchors}, "

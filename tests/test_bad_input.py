@@ -584,8 +584,6 @@ def test_a_seed_past_what_torch_takes_is_one_error_line(capsys, no_work):
             "0..2**64 - 1")
 
 
-@pytest.mark.xfail(strict=True, reason="pending the lead: generate.py's --seed needs type=seed "
-                                       "(dflash.cli)")
 def test_generate_refuses_a_seed_past_what_torch_takes(capsys, no_work):
     refused(generate.main, [*G, "--prompt", "Hi", "--seed", "1180591620717411303424"], capsys,
             "--seed")
