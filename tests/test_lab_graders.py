@@ -246,7 +246,7 @@ WRONG = {
     "03_zero_context": [
         (
             "features halved, not removed",
-            [replace("torch.zeros_like(context_features)", "context_features * 0.5")],
+            [replace("torch.zeros_like(features)", "features * 0.5")],
         ),
         (
             "the real runner",
@@ -257,9 +257,9 @@ WRONG = {
             "only the first layer zeroed",
             [
                 replace(
-                    "torch.zeros_like(context_features)",
-                    "torch.cat([torch.zeros_like(context_features[..., :128]), "
-                    "context_features[..., 128:]], -1)",
+                    "torch.zeros_like(features)",
+                    "torch.cat([torch.zeros_like(features[..., :128]), "
+                    "features[..., 128:]], -1)",
                 )
             ],
         ),

@@ -302,9 +302,9 @@ class WatchedPooledTau:
         seen = torch.zeros(len(demo.drafter.config.target_layer_ids) * demo.target.config.hidden_size, dtype=torch.bool)
         draft_pass = generate.PASSES["draft"]
 
-        def watched(target, drafter, cache, context_features, *args, **kwargs):
-            seen.logical_or_(context_features.ne(0).flatten(0, -2).any(0))  # (F,): columns seen nonzero
-            return draft_pass(target, drafter, cache, context_features, *args, **kwargs)
+        def watched(target, drafter, cache, features, *args, **kwargs):
+            seen.logical_or_(features.ne(0).flatten(0, -2).any(0))  # (F,): columns seen nonzero
+            return draft_pass(target, drafter, cache, features, *args, **kwargs)
 
         with mock.patch.dict(generate.PASSES, draft=watched):
             for ids, choices in demo.prompts(self.count):

@@ -9,8 +9,8 @@ def runner_keeping(keep: torch.Tensor) -> type:
     """A runner class whose drafter sees the features multiplied by `keep` (F,): 1 to keep a number, 0 to zero it."""
 
     class MaskedRunner(ModelRunner):
-        def draft(self, context_features, *args, **kwargs):
-            return super().draft(context_features * keep, *args, **kwargs)  # (1, ctx, F) * (F,)
+        def draft(self, features, *args, **kwargs):
+            return super().draft(features * keep, *args, **kwargs)  # (1, ctx, F) * (F,)
 
     return MaskedRunner
 

@@ -8,8 +8,8 @@ from generate import ModelRunner
 
 
 class Blind(ModelRunner):
-    def draft(self, context_features, *args, **kwargs):
-        return super().draft(torch.zeros_like(context_features), *args, **kwargs)
+    def draft(self, features, *args, **kwargs):
+        return super().draft(torch.zeros_like(features), *args, **kwargs)
 
 
 def test_one_layer(lab, demo):

@@ -15,9 +15,9 @@ def graded_once(lab, demo, prompt_ids: list[int]) -> bool:
     calls = []
     forward = Drafter.forward
 
-    def watched(self, context_features, block_embeddings, context_positions, block_positions, *args, **kwargs):
-        out = forward(self, context_features, block_embeddings, context_positions, block_positions, *args, **kwargs)
-        calls.append((context_features, block_embeddings, context_positions, block_positions, out))
+    def watched(self, features, block_embeddings, context_positions, block_positions, *args, **kwargs):
+        out = forward(self, features, block_embeddings, context_positions, block_positions, *args, **kwargs)
+        calls.append((features, block_embeddings, context_positions, block_positions, out))
         return out
 
     n, block = len(prompt_ids), demo.block

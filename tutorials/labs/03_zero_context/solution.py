@@ -8,8 +8,8 @@ from generate import ModelRunner
 class BlindRunner(ModelRunner):
     """A runner whose drafter sees zeros where the target's features should be."""
 
-    def draft(self, context_features, *args, **kwargs):
-        return super().draft(torch.zeros_like(context_features), *args, **kwargs)  # (block - 1,)
+    def draft(self, features, *args, **kwargs):
+        return super().draft(torch.zeros_like(features), *args, **kwargs)  # (block - 1, vocab)
 
 
 def tau_without_context(pair, pooled_tau) -> float:
