@@ -439,7 +439,7 @@ def generate_dflash_tree(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[i
 def run(args) -> int:
     prompt = check_options(args)
     device = pick_device(args.device)
-    dtype = pick_dtype(args.dtype, device)
+    dtype = pick_dtype(args.dtype, device, args.model)
     sampling, tokenizer = sampling_of(args, args.model), find_tokenizer(args.model)
     prompt_ids, choices = encode_for_generation(prompt, tokenizer, args.chat, args.thinking,
                                                 args.token_healing)

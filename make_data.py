@@ -69,7 +69,7 @@ def make_data(args: argparse.Namespace) -> int:
     settings = answer_settings(args, sampling)
     done = done_indices(args.out, settings)
     device = pick_device(args.device)
-    target = Qwen3.from_pretrained(args.target, device=device, dtype=pick_dtype(args.dtype, device))
+    target = Qwen3.from_pretrained(args.target, device=device, dtype=pick_dtype(args.dtype, device, args.target))
     tokenizer_folder = args.tokenizer or args.target
     tokenizer = find_tokenizer(tokenizer_folder, required=args.tokenizer is not None)
     prompts = encode_prompts(args.prompts, tokenizer, args.chat, args.thinking, args.token_healing,

@@ -237,7 +237,8 @@ def start_run(cfg: TrainConfig, place: Distributed) -> Run:
     """Load and check the target, the drafter, the data and the held-out prompts before anything
     trains; build the optimizer and its schedule; with --resume, continue the saved run exactly."""
     device = place.device
-    target = Qwen3.from_pretrained(cfg.target, device=device, dtype=pick_dtype(cfg.dtype, device))
+    dtype = pick_dtype(cfg.dtype, device, Path(cfg.target))
+    target = Qwen3.from_pretrained(cfg.target, device=device, dtype=dtype)
     target = freeze(target)
     tokenizer = find_tokenizer(Path(cfg.tokenizer or cfg.target), cfg.tokenizer is not None)
     drafter = starting_drafter(cfg, target, tokenizer)

@@ -285,7 +285,7 @@ def run(args) -> int:
     if args.plots:
         check_output(args.plots, "--plots", folder=True)
     device = pick_device(args.device)
-    dtype = pick_dtype(args.dtype, device)
+    dtype = pick_dtype(args.dtype, device, args.model)
     target = Qwen3.from_pretrained(args.model, device=device, dtype=dtype)
     drafter = Drafter.from_pretrained(args.draft, target=target, device=device, dtype=dtype)
     tokenizer = find_tokenizer(args.model)

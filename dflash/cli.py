@@ -4,6 +4,7 @@ with one `error: ...` line and exit status 2; anything else is a bug and keeps i
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -49,7 +50,8 @@ def add_device_options(parser: argparse.ArgumentParser) -> None:
     the threads)."""
     parser.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1...")
     parser.add_argument("--dtype", choices=["auto", "float32", "bfloat16", "float16"], default="auto",
-                        help="auto: bfloat16 on CUDA, float32 on CPU")
+                        help="auto: bfloat16 on CUDA; on a CPU, bfloat16 for a bfloat16 checkpoint "
+                        "where the CPU multiplies bfloat16 (AMX, AVX-512 BF16), else float32")
     parser.add_argument("--threads", type=thread_count, help="CPU threads for torch (default: "
                         "$OMP_NUM_THREADS if set, else the physical cores less one, here "
                         f"{default_threads()}: torch's threads wait on each other, so one core "
@@ -108,11 +110,33 @@ def pick_device(name: str) -> torch.device:
     raise UsageError(f"device {name!r} is not available here (use cpu, auto, or cuda where CUDA is)")
 
 
-def pick_dtype(name: str, device: torch.device) -> torch.dtype:
-    """`auto` is bfloat16 on CUDA (what real checkpoints are stored in) and float32 on CPU."""
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return getattr(torch, name)
+def pick_dtype(name: str, device: torch.device, checkpoint: Path | None = None) -> torch.dtype:
+    """`auto` is bfloat16 on CUDA (what real checkpoints are stored in). On the CPU it is bfloat16
+    where the checkpoint is stored in bfloat16 (official Qwen3) and the CPU multiplies bfloat16
+    itself (AMX or AVX-512 BF16: a 16-token verify then costs little more than a decode,
+    benchmarks/cpu_study.py), float32 otherwise (a CPU without them converts every product)."""
+    if name != "auto":
+        return getattr(torch, name)
+    if device.type == "cuda":
+        return torch.bfloat16
+    return torch.bfloat16 if stored_in_bfloat16(checkpoint) and cpu_multiplies_bfloat16() \
+        else torch.float32
+
+
+def stored_in_bfloat16(checkpoint: Path | None) -> bool:
+    """Whether a checkpoint folder's config.json says its weights are bfloat16 (`dtype`, or the
+    older `torch_dtype`); a config that cannot be read says nothing (its loader will say why)."""
+    try:
+        config = json.loads((Path(checkpoint) / "config.json").read_text())
+    except (OSError, ValueError, TypeError):
+        return False
+    return isinstance(config, dict) and "bfloat16" in (config.get("dtype"), config.get("torch_dtype"))
+
+
+def cpu_multiplies_bfloat16() -> bool:
+    """AMX tiles or AVX-512 BF16 dot products, as torch's CPU kernels detect them."""
+    probes = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")  # torch 2.3 and later
+    return any(getattr(torch.cpu, probe, lambda: False)() for probe in probes)
 
 
 def checked(kind: type, rule: str, ok: Callable) -> Callable[[str], object]:

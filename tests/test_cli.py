@@ -225,3 +225,25 @@ def test_torch_threads_default_to_the_physical_cores_less_one(monkeypatch):
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(1)
+
+
+def test_auto_dtype_on_a_cpu_follows_the_checkpoint_and_the_cpus_bfloat16_units(tmp_path, monkeypatch):
+    """bfloat16 only where the checkpoint is stored in it and the CPU multiplies it itself."""
+    import json
+
+    import torch
+
+    from dflash import cli
+    stored = {"bf16": {"dtype": "bfloat16"}, "old_bf16": {"torch_dtype": "bfloat16"},
+              "fp32": {"dtype": "float32"}, "list": [1, 2]}
+    for name, config in stored.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(config))
+    cpu = torch.device("cpu")
+    for units, expected in ((True, {"bf16", "old_bf16"}), (False, set())):
+        monkeypatch.setattr(cli, "cpu_multiplies_bfloat16", lambda: units)
+        chosen = {name for name in stored if cli.pick_dtype("auto", cpu, tmp_path / name) == torch.bfloat16}
+        assert chosen == expected
+    assert cli.pick_dtype("auto", cpu, tmp_path / "missing") == torch.float32
+    assert cli.pick_dtype("float16", cpu, tmp_path / "bf16") == torch.float16
+    assert cli.pick_dtype("auto", torch.device("cuda"), tmp_path / "fp32") == torch.bfloat16
