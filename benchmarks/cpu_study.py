@@ -225,22 +225,24 @@ def pass_costs(target: Qwen3, drafter: Drafter, tokens: Sequence[int], context: 
 
 
 def self_consistent_truth(target: Qwen3, drafter: Drafter, runners: dict, prompt: list[int],
-                          limit: int, plan: Callable[[], Iterator[int]],
-                          tries: int = 4) -> tuple[list[int], int, bool]:
+                          limit: int,
+                          plan: Callable[[], Iterator[int]]) -> tuple[list[int], int, bool]:
     """The greedy continuation that the forced DFlash loop itself produces. It starts as the plain
     loop's; in bfloat16 a verify and a decode may break a near-tie differently, a forced right guess
     is then refused and the run leaves the truth, so the truth becomes that run's output until a
-    run keeps to it. Returns the truth (prompt included), the DFlash runs it took, whether it
-    settled."""
+    run keeps to it. Each run should keep to its truth past the place where the last one left it
+    (the steps before are the same, and a pass's rows do not see the rows after them), so the runs
+    are capped at `limit`, not at a guess. Returns the truth (prompt included), the DFlash runs it
+    took, and whether it settled."""
     plain, fast = runners["plain"], runners["dflash"]
     truth = prompt + generate.generate_autoregressive(target, prompt, limit, runner=plain).new_ids
-    for run in range(1, tries + 1):
+    for run in range(1, limit + 1):
         with forced_drafts(fast, truth, plan()):
             output = generate.generate_dflash(target, drafter, prompt, limit, runner=fast).new_ids
         if prompt + output == truth:
             return truth, run, True
         truth = prompt + output
-    return truth, tries, False
+    return truth, limit, False
 
 
 def clock_for(name: str, threads: int) -> str:
