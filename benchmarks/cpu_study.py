@@ -3,6 +3,7 @@
     python benchmarks/cpu_study.py --shapes Qwen3-0.6B --dtype bfloat16,float32 --threads 1 \\
         --json docs/results/cpu_study_0.6b.json
     python benchmarks/cpu_study.py --shapes Qwen3-4B --new-tokens 32 --tokens 2,4,8,12,16
+    python benchmarks/cpu_study.py --dtype float32 --measure-blocks 8,12 --clock wall
     python benchmarks/cpu_study.py --shapes tiny --rounds 1     # seconds: checks that it runs
 
 Each shape is a target with random weights in the official layout (nothing is downloaded) and a
@@ -23,7 +24,8 @@ dtype asked for. For each shape, dtype and thread count:
    so that a run of a few steps already has a mean near the model's.
 3. The prediction beside the measurement: tokens per step (as the loop measured it) * decode /
    (draft(B) + verify(B)); and a sweep over blocks: each block n's predicted speedup from its
-   passes' costs and the same p, and the best block.
+   passes' costs (as timed, and from the fitted lines) and the same p, and the best block.
+   --measure-blocks runs the DFlash loop at other blocks too, to check the sweep.
 
 Speedups compare the time after the first token (a prefill, timed on its own, is taken off both
 loops' times); tokens/s are on the same basis. With one thread the clock is the process's CPU time
