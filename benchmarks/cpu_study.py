@@ -3,6 +3,7 @@
     python benchmarks/cpu_study.py --shapes Qwen3-0.6B --dtype bfloat16,float32 --threads 1 \\
         --json docs/results/cpu_study_0.6b.json
     python benchmarks/cpu_study.py --shapes Qwen3-4B --new-tokens 32 --tokens 2,4,8,12,16
+    python benchmarks/cpu_study.py --dtype float32 --measure-blocks 8,12 --clock wall
     python benchmarks/cpu_study.py --shapes tiny --rounds 1     # seconds: checks that it runs
 
 Each shape is a target with random weights in the official layout (nothing is downloaded) and a
@@ -23,7 +24,8 @@ dtype asked for. For each shape, dtype and thread count:
    so that a run of a few steps already has a mean near the model's.
 3. The prediction beside the measurement: tokens per step (as the loop measured it) * decode /
    (draft(B) + verify(B)); and a sweep over blocks: each block n's predicted speedup from its
-   passes' costs and the same p, and the best block.
+   passes' costs (as timed, and from the fitted lines) and the same p, and the best block.
+   --measure-blocks runs the DFlash loop at other blocks too, to check the sweep.
 
 Speedups compare the time after the first token (a prefill, timed on its own, is taken off both
 loops' times); tokens/s are on the same basis. With one thread the clock is the process's CPU time
@@ -34,6 +36,7 @@ least over rounds. The JSON is written after every row.
 from __future__ import annotations
 
 import argparse
+import functools
 import itertools
 import math
 import os
@@ -180,7 +183,8 @@ def forced_drafts(runner: generate.ModelRunner, truth: Sequence[int], plan: Iter
     included) with one miss per step, after as many right guesses as `plan` says. The real draft
     pass still runs, for its cost and to keep the drafter's cache in step; the runner itself is not
     changed (`dflash.measure.Wrapped`)."""
-    vocab, block, known = runner.target.config.vocab_size, runner.block_size, torch.tensor(list(truth))
+    vocab, block = runner.target.config.vocab_size, runner.block_size
+    known = torch.tensor(list(truth))
 
     class Forced(Wrapped):
         def draft(self, features: torch.Tensor, last_token: int) -> torch.Tensor:
@@ -219,23 +223,23 @@ def pass_costs(target: Qwen3, drafter: Drafter, tokens: Sequence[int], context: 
             "verify_fit_ms": fits.get("verify"), "draft_fit_ms": fits.get("draft")}
 
 
-def self_consistent_truth(target: Qwen3, drafter: Drafter, runners: dict, prompt: list[int],
-                          limit: int, plan: Callable[[], Iterator[int]],
-                          tries: int = 4) -> tuple[list[int], int, bool]:
-    """The greedy continuation that the forced DFlash loop itself produces. It starts as the plain
-    loop's; in bfloat16 a verify and a decode may break a near-tie differently, a forced right guess
-    is then refused and the run leaves the truth, so the truth becomes that run's output until a
-    run keeps to it. Returns the truth (prompt included), the DFlash runs it took, whether it
-    settled."""
-    plain, fast = runners["plain"], runners["dflash"]
-    truth = prompt + generate.generate_autoregressive(target, prompt, limit, runner=plain).new_ids
-    for run in range(1, tries + 1):
-        forced = forced_drafts(fast, truth, plan())
+def self_consistent_truth(target: Qwen3, drafter: Drafter, runner: generate.ModelRunner,
+                          prompt: list[int], truth: list[int], limit: int,
+                          plan: Callable[[], Iterator[int]]) -> tuple[list[int], int, bool]:
+    """The greedy continuation that the forced DFlash loop itself produces, from `truth` (the
+    plain loop's). In bfloat16 a verify and a decode may break a near-tie differently, a forced
+    right guess is then refused and the run leaves the truth, so the truth becomes that run's
+    output until a run keeps to it. Each run should keep to its truth past the place where the
+    last one left it (the steps before are the same, and a pass's rows do not see the rows after
+    them), so the runs are capped at `limit`, not at a guess. Returns the truth (prompt included),
+    the DFlash runs it took, and whether it settled."""
+    for run in range(1, limit + 1):
+        forced = forced_drafts(runner, truth, plan())
         output = generate.generate_dflash(target, drafter, prompt, limit, runner=forced).new_ids
         if prompt + output == truth:
             return truth, run, True
         truth = prompt + output
-    return truth, tries, False
+    return truth, limit, False
 
 
 def clock_for(name: str, threads: int) -> str:
@@ -251,47 +255,55 @@ def clocked(clock: Callable[[], float], run: Callable[[], object]) -> tuple[obje
     return result, clock() - began
 
 
-def time_loops(target: Qwen3, drafter: Drafter, context: int, new_tokens: int, block_size: int,
-               p: float, rounds: int, seed: int, clock: Callable[[], float]) -> dict:
-    """Both loops on one random prompt, in turns, the least time of `rounds` runs each; DFlash with
-    the forced acceptance. A prefill, timed on its own, is taken off both: the time after the first
-    token is what DFlash changes."""
+def time_loops(target: Qwen3, drafter: Drafter, context: int, new_tokens: int,
+               blocks: Sequence[int], p: float, rounds: int, seed: int,
+               clock: Callable[[], float]) -> dict:
+    """The plain loop and DFlash at each of `blocks` on one random prompt, in turns, the least time
+    of `rounds` runs each; DFlash with the forced acceptance (the same per-slot p at every block).
+    A prefill, timed on its own, is taken off every loop: the time after the first token is what
+    DFlash changes. Returns the plain loop's tokens/s and, by block, DFlash's figures."""
     generator = torch.Generator().manual_seed(seed)
     vocab = target.config.vocab_size
     prompt = torch.randint(0, vocab - 1, (context,), generator=generator).tolist()  # no mask token
-    limit = new_tokens + block_size  # the truth reaches past the timed runs' last block
-    slots = context + limit + block_size
+    limit = new_tokens + max(blocks)  # the truth reaches past the timed runs' last block
+    slots = context + limit + max(blocks)
     plain_runner = generate.ModelRunner(target, None, max_length=slots)
-    runner = generate.ModelRunner(target, drafter, max_length=slots, block_size=block_size)
-    plan = lambda: planned_acceptance(p, block_size)  # noqa: E731: a fresh plan for every run
-    truth, truth_runs, settled = self_consistent_truth(
-        target, drafter, {"plain": plain_runner, "dflash": runner}, prompt, limit, plan)
-
-    def dflash():
-        forced = forced_drafts(runner, truth, plan())
-        return generate.generate_dflash(target, drafter, prompt, new_tokens, runner=forced)
-
+    plain_truth = generate.generate_autoregressive(target, prompt, limit, runner=plain_runner)
     runs = {"prefill": lambda: plain_runner.prefill(prompt, 0.0, None),
             "plain": lambda: generate.generate_autoregressive(target, prompt, new_tokens,
-                                                              runner=plain_runner),
-            "dflash": dflash}
+                                                              runner=plain_runner)}
+    plans, truths = {}, {}
+    for n in blocks:
+        runner = generate.ModelRunner(target, drafter, max_length=slots, block_size=n)
+        plans[n] = functools.partial(planned_acceptance, p, n)  # a fresh plan for every run
+        truths[n] = self_consistent_truth(target, drafter, runner, prompt,
+                                          prompt + plain_truth.new_ids, limit, plans[n])
+
+        def dflash(runner=runner, n=n):
+            forced = forced_drafts(runner, truths[n][0], plans[n]())
+            return generate.generate_dflash(target, drafter, prompt, new_tokens, runner=forced)
+
+        runs[n] = dflash
     seconds, results = {name: float("inf") for name in runs}, {}
     for _ in range(rounds):
         for name, run in runs.items():
             results[name], spent = clocked(clock, run)
             seconds[name] = min(seconds[name], spent)
-    fast = results["dflash"]  # the forced runs are alike: the same steps, the same acceptance
-    after_first = {name: seconds[name] - seconds["prefill"] for name in ("plain", "dflash")}
-    planned = [kept + 1 for kept in itertools.islice(plan(), fast.steps)]
-    return {"plain_tokens_per_s": (new_tokens - 1) / after_first["plain"],
-            "dflash_tokens_per_s": (new_tokens - 1) / after_first["dflash"],
-            "measured_speedup": after_first["plain"] / after_first["dflash"],
-            "measured_speedup_with_prefill": seconds["plain"] / seconds["dflash"],
-            "prefill_ms": 1e3 * seconds["prefill"],
+    after_first = {name: seconds[name] - seconds["prefill"] for name in runs if name != "prefill"}
+    by_block = {}
+    for n in blocks:
+        fast = results[n]  # the forced runs of a block are alike: the same steps and acceptance
+        planned = [kept + 1 for kept in itertools.islice(plans[n](), fast.steps)]
+        by_block[n] = {
+            "dflash_tokens_per_s": (new_tokens - 1) / after_first[n],
+            "measured_speedup": after_first["plain"] / after_first[n],
+            "measured_speedup_with_prefill": seconds["plain"] / seconds[n],
             "tau": fast.mean_acceptance, "tokens_per_step": (new_tokens - 1) / fast.steps,
             "steps": fast.steps, "acceptance_lengths": fast.acceptance_lengths,
             "acceptance_as_planned": fast.acceptance_lengths == planned,
-            "truth_runs": truth_runs, "truth_settled": settled}
+            "truth_runs": truths[n][1], "truth_settled": truths[n][2]}
+    return {"plain_tokens_per_s": (new_tokens - 1) / after_first["plain"],
+            "prefill_ms": 1e3 * seconds["prefill"], "blocks": by_block}
 
 
 def block_sweep(costs: dict, p: float, fitted: bool = False) -> dict[int, float]:
@@ -318,9 +330,13 @@ def study_row(target, drafter, args, shape: str, dtype: str, threads: int, progr
     progress.update()
     p = acceptance_for(args.tau, args.block_size)
     progress.set_postfix_str(f"{shape} {dtype} {threads} thread(s): the loops")
-    loops = time_loops(target, drafter, args.context, args.new_tokens, args.block_size, p,
-                       args.rounds, args.seed, CLOCKS[clock])
+    blocks = sorted({args.block_size, *args.measure_blocks})
+    loops = time_loops(target, drafter, args.context, args.new_tokens, blocks, p, args.rounds,
+                       args.seed, CLOCKS[clock])
     progress.update()
+    for n, figures in loops["blocks"].items():  # the cost model at the tokens per step measured
+        figures["predicted_speedup"] = figures["tokens_per_step"] * costs["decode_ms"] / (
+            costs["draft_ms"][n] + costs["verify_ms"][n])
     step_ms = costs["draft_ms"][args.block_size] + costs["verify_ms"][args.block_size]
     sweep = block_sweep(costs, p)
     fitted_sweep = {}
@@ -329,9 +345,10 @@ def study_row(target, drafter, args, shape: str, dtype: str, threads: int, progr
         fitted_sweep = {"block_sweep_fitted": fitted,
                         "best_block_fitted": max(fitted, key=fitted.get)}
     return {"shape": shape, "dtype": dtype, "threads": threads, "clock": clock,
-            "parameters_b": sum(x.numel() for x in target.parameters()) / 1e9, **costs, **loops,
+            "parameters_b": sum(x.numel() for x in target.parameters()) / 1e9, **costs,
+            "plain_tokens_per_s": loops["plain_tokens_per_s"], "prefill_ms": loops["prefill_ms"],
+            **loops["blocks"][args.block_size], "measured_blocks": loops["blocks"],
             "tau_model": args.tau, "acceptance_per_slot": p,
-            "predicted_speedup": loops["tokens_per_step"] * costs["decode_ms"] / step_ms,
             "predicted_speedup_at_model_tau": args.tau * costs["decode_ms"] / step_ms,
             "block_sweep": sweep, "best_block": max(sweep, key=sweep.get), **fitted_sweep,
             "load_average_before": load_before, "load_average_after": load_average(),
@@ -400,6 +417,14 @@ def markdown(report: dict, block_size: int) -> str:
                  f"{row['dflash_tokens_per_s']:.2f}", f"{row['predicted_speedup']:.2f}x",
                  f"{row['measured_speedup']:.2f}x", f"{best} ({sweep[best]:.2f}x)"]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
+    measured = [(row, n, figures) for row in report["rows"] if len(row["measured_blocks"]) > 1
+                for n, figures in row["measured_blocks"].items()]
+    if measured:  # --measure-blocks: the sweep's predictions beside the loops
+        lines += ["", "| shape | dtype | threads | block | tau | predicted | measured |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {row['shape']} | {row['dtype']} | {row['threads']} | {n} | "
+                  f"{figures['tau']:.2f} | {figures['predicted_speedup']:.2f}x | "
+                  f"{figures['measured_speedup']:.2f}x |" for row, n, figures in measured]
     lines += [f"- skipped {s['shape']} {s['dtype']}: {s['reason']}" for s in report["skipped"]]
     return "\n".join(lines) + "\n"
 
@@ -450,6 +475,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pass_costs' rounds (default 3)")
     p.add_argument("--pass-repeats", type=positive_int, default=2,
                    help="calls per pass per round (default 2)")
+    p.add_argument("--measure-blocks", type=listed(block, rule="comma-separated int in 2..16"),
+                   default=[], help="also run the DFlash loop at these blocks, to set the sweep's "
+                   "predictions beside measurements, e.g. 8,12 (default: --block-size only)")
     p.add_argument("--clock", choices=["auto", "cpu", "wall"], default="auto",
                    help="what a time is: the process's CPU time or wall time (default auto: CPU "
                    "time for one thread, which a busy neighbour does not inflate; wall for more)")
@@ -463,6 +491,9 @@ def run(args) -> int:
         check_output(args.json, "--json")
     if args.block_size not in args.tokens:
         raise UsageError(f"--block-size {args.block_size} must be among --tokens {args.tokens}")
+    missing = [n for n in args.measure_blocks if n not in args.tokens]
+    if missing:
+        raise UsageError(f"--measure-blocks {missing[0]} must be among --tokens {args.tokens}")
     if args.tau > args.block_size:
         raise UsageError(f"--tau {args.tau} is above the block's {args.block_size} tokens per step")
     if args.json:

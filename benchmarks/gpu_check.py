@@ -769,7 +769,9 @@ def training_path(check: Check, target: Qwen3, settings: dict, path: str, steps:
         record = SdpaCalls("target, then drafter") if dense else attention_inputs(seen)
         with record if step == 0 else contextlib.nullcontext(), \
                 torch.autocast("cuda", dtype=torch.bfloat16, enabled=check.cuda):
-            loss, _, _ = train.drafter_loss(target, drafter, input_ids, loss_mask, anchors, real,
+            features = train.target_features(target, input_ids, config)  # (batch, S, F)
+            batch_blocks = train.MicroBatch(input_ids, loss_mask, anchors, real)
+            loss, _, _ = train.drafter_loss(target, drafter, features, batch_blocks,
                                             config=config, weights=weights, dense_attention=dense,
                                             loss_chunk_size=0 if dense else 512)
         optimizer_step(loss, drafter, optimizer, grad_clip=1.0)

@@ -36,8 +36,9 @@ def run_cli(parser: argparse.ArgumentParser, run: Callable[..., int], argv: Sequ
         args = parser.parse_args(argv)
     except SystemExit as exit:  # `OneLineErrors.error` (2), or --help (0)
         return exit.code
-    if "threads" in vars(args):  # add_device_options' --threads, or a program's own
-        use_threads(args.threads)
+    threads = vars(args).get("threads", ())  # add_device_options' --threads, or a program's own
+    if not isinstance(threads, (list, tuple)):  # a list of counts (cpu_study) is set by its runs
+        use_threads(threads)
     try:
         return run(args)
     except (UsageError, CheckpointError, TokenizerError) as err:  # what a user can fix

@@ -188,8 +188,8 @@ def check_sizes(cfg: TrainConfig, config: DrafterConfig, target: Qwen3Config, se
     if device.type != "cuda":  # AnchoredBlocks' CPU path holds its mask: one byte per score
         per_sequence += slots * (longest + slots)
     if cfg.batch_size * cfg.grad_accum > len(sequences.starts):
-        raise UsageError(f"--batch-size {cfg.batch_size} x --grad-accum {cfg.grad_accum} sequences a "
-                         f"step: more than the data's {len(sequences.starts)}")
+        raise UsageError(f"--batch-size {cfg.batch_size} x --grad-accum {cfg.grad_accum} "
+                         f"sequences a step: more than the data's {len(sequences.starts)}")
     needed, available = cfg.batch_size * per_sequence, memory_of(device)
     if needed > available:
         raise UsageError(f"{named} {config.block_size} with --num-anchors {cfg.num_anchors}, "

@@ -15,7 +15,9 @@ TARGET, DRAFTER = FIXTURES / "qwen3-tiny-sharded", FIXTURES / "dflash-tiny"
 REFERENCE = load_file(TARGET / "reference.safetensors")
 PROMPT_IDS = ",".join(map(str, REFERENCE["greedy_prompt"][0].tolist()))
 EXPECTED = REFERENCE["greedy_output"][0, 9:].tolist()  # 40 greedy new tokens
-PAIR = ["--model", str(TARGET), "--draft", str(DRAFTER)]
+# The fixture's config says bfloat16 (as the authors' does), so `--dtype auto` may load it in
+# bfloat16 where the CPU multiplies it natively; its greedy reference was made in float32.
+PAIR = ["--model", str(TARGET), "--draft", str(DRAFTER), "--dtype", "float32"]
 
 
 def run(*args: str) -> subprocess.CompletedProcess:

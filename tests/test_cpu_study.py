@@ -42,7 +42,7 @@ def test_the_study_on_the_tiny_shape(tmp_path, capsys):
     out = tmp_path / "study.json"
     argv = ["--shapes", "tiny", "--dtype", "float32", "--threads", "1", "--tokens", "2,8,16",
             "--context", "16", "--new-tokens", "40", "--rounds", "1", "--pass-rounds", "1",
-            "--pass-repeats", "1", "--json", str(out)]
+            "--pass-repeats", "1", "--measure-blocks", "8", "--json", str(out)]
     assert cpu_study.main(argv) == 0
     report = json.loads(out.read_text())
     assert "| tiny | float32 | 1 (cpu) |" in capsys.readouterr().out  # the Markdown table
@@ -67,6 +67,11 @@ def test_the_study_on_the_tiny_shape(tmp_path, capsys):
     assert row["tau"] == pytest.approx(row["tau_model"], rel=0.3)
     assert sum(row["acceptance_lengths"]) >= 40 - 1  # every token after the first: from a step
     assert row["predicted_speedup"] > 0 and row["measured_speedup"] > 0
+    # --measure-blocks 8: the loop at block 8 too, its acceptance as the same p plans it
+    assert set(row["measured_blocks"]) == {"8", "16"}
+    at_8 = row["measured_blocks"]["8"]
+    assert at_8["acceptance_as_planned"] and max(at_8["acceptance_lengths"]) <= 8
+    assert at_8["tau"] < row["tau"] and at_8["predicted_speedup"] > 0
 
 
 def test_forced_drafts_steer_a_wrapped_runner_and_leave_it_as_it_was():
@@ -84,6 +89,7 @@ def test_forced_drafts_steer_a_wrapped_runner_and_leave_it_as_it_was():
 @pytest.mark.parametrize("argv", [["--shapes", "Qwen3-3B"], ["--dtype", "float16"],
                                   ["--threads", "0"], ["--threads", "1,x"], ["--tokens", "1,16"],
                                   ["--block-size", "8", "--tokens", "2,16"], ["--tau", "17"],
+                                  ["--measure-blocks", "8", "--tokens", "2,16"],
                                   ["--tau", "0.5"]])
 def test_bad_values_are_one_error_line(argv, capsys):
     assert cpu_study.main(argv) == 2
