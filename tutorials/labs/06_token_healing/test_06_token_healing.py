@@ -18,6 +18,9 @@ def drawn_cuts(rng, problems: list[str]) -> list[str]:
             if c.isalpha() and 0 < i < len(text) - 1 and text[i + 1].isalpha()
         ]
         cuts.append(text[: rng.choice(words) + 1])
+    text = rng.choice(problems)  # and one cut after a word's first letter: its last token has a space
+    starts = [i for i in range(1, len(text)) if text[i - 1] == " " and text[i].isalpha()]
+    cuts.append(text[: rng.choice(starts) + 1])
     return cuts + [rng.choice(problems)[: rng.randrange(10, 30)].rstrip() + " <", "The answer is"]
 
 
