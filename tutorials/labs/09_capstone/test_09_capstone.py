@@ -59,6 +59,19 @@ def fresh_runner(target, drafter, block: int, prompt: list[int], new: int) -> Re
                                           max_length=len(prompt) + new + block))
 
 
+def mid_step_token(target, drafter, block: int, prompt: list[int], new: int) -> list[int]:
+    """A token generate_dflash first commits inside a step, not at its end: as a stop token, it
+    checks that a loop stops mid-step ([] if every step's new tokens came last)."""
+    result = generate.generate_dflash(target, drafter, prompt, new, block_size=block)
+    ids, start = result.new_ids, 1  # the prefill wrote ids[0]
+    for length in result.acceptance_lengths:
+        fresh = [i for i in range(start, min(start + length - 1, len(ids))) if ids[i] not in ids[:i]]
+        if fresh:
+            return [ids[fresh[0]]]
+        start += length
+    return []
+
+
 def first_difference(mine: list, right: list) -> int:
     return next((i for i, (a, b) in enumerate(zip(mine, right)) if a != b), min(len(mine), len(right)))
 
@@ -108,8 +121,9 @@ def test_capstone(lab, demo):
             cases.append((f"{name}, block {block}, a {length}-token prompt", target, drafter, block,
                           prompt, rng.randint(10, 50), ()))
     problem = demo.drawn_prompt(rng)
-    cases.append((f"the demo pair, block 16, a held-out problem", demo.target, demo.drafter, 16, problem,
-                   96, tuple(demo.stop_ids)))
+    stops = tuple(demo.stop_ids) + tuple(mid_step_token(demo.target, demo.drafter, 16, problem, 96))
+    cases.append(("the demo pair, block 16, a held-out problem", demo.target, demo.drafter, 16, problem,
+                  96, stops))
     # Every reference before the student's code runs (and with the project's loops switched on).
     references = []
     for name, target, drafter, block, prompt, new, stops in cases:
