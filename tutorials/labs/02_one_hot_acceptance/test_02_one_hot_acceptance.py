@@ -20,9 +20,22 @@ def simulated_keep_rate(tiny) -> tuple[float, float]:
     return kept, (kept * (1 - kept) / SIMULATED) ** 0.5
 
 
+def telling_experiment(seed: int):
+    """A tiny target drawn from `seed` on, whose first step's keep rate depends on every first
+    token it may draw, not only on its likeliest one (as the prediction's average must)."""
+    for offset in range(1000):
+        tiny = tiny_experiment((seed + offset) % 1000)
+        p1 = tiny.next_probabilities([()])[0]  # (vocab,)
+        p2 = tiny.next_probabilities([(a,) for a in range(tiny.vocab)])  # (vocab, vocab)
+        averaged, likeliest = (p1 * p2.max(dim=-1).values).sum(), p2[p1.argmax()].max()
+        if abs(averaged - likeliest) > 0.05:  # far beyond the simulation's 5 standard errors
+            return tiny
+    raise AssertionError("no tiny target tells the first tokens apart")
+
+
 def test_one_hot_acceptance(lab):
     seed = drawn_seed()
-    tiny = tiny_experiment(seed % 1000)  # a tiny target drawn at run time, and a number of samples
+    tiny = telling_experiment(seed % 1000)  # a tiny target drawn at run time, and a number of samples
     samples = 250 + seed % 100
     runs = []
     original = tiny.GreedyGuessRunner.draft
