@@ -60,16 +60,15 @@ def fresh_runner(target, drafter, block: int, prompt: list[int], new: int) -> Re
 
 
 def mid_step_token(target, drafter, block: int, prompt: list[int], new: int) -> list[int]:
-    """A token generate_dflash first commits inside a step, not at its end: as a stop token, it
-    checks that a loop stops mid-step ([] if every step's new tokens came last)."""
+    """The last token generate_dflash first commits inside a step, not at its end: as a stop token,
+    it checks that a loop stops mid-step, after as many steps as can be ([] if there is none)."""
     result = generate.generate_dflash(target, drafter, prompt, new, block_size=block)
-    ids, start = result.new_ids, 1  # the prefill wrote ids[0]
+    ids, start, found = result.new_ids, 1, []  # the prefill wrote ids[0]
     for length in result.acceptance_lengths:
         fresh = [i for i in range(start, min(start + length - 1, len(ids))) if ids[i] not in ids[:i]]
-        if fresh:
-            return [ids[fresh[0]]]
+        found = [ids[fresh[-1]]] if fresh else found
         start += length
-    return []
+    return found
 
 
 def first_difference(mine: list, right: list) -> int:
