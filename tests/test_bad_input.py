@@ -5,13 +5,11 @@ The programs run in this process (a subprocess each would spend its time importi
 the work itself by a call that fails the test, so a refusal that comes too late shows as that failure.
 """
 
-import contextlib
 import json
 import math
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -27,6 +25,7 @@ import train
 from dflash import measure
 from dflash.checkpoint import CheckpointError, write_atomically
 from dflash.cli import UsageError, check_output
+from tests.test_walk_options import time_limit
 from dflash.drafter import Drafter
 from dflash.prompts import read_prompts
 from dflash.qwen3 import Qwen3
@@ -452,27 +451,12 @@ def test_an_atomic_write_reaches_the_disk_before_the_rename(tmp_path, monkeypatc
 # --------------------------------------- issue 40: sizes bounded first, nothing dropped silently
 
 
-@contextlib.contextmanager
-def within(seconds: float):
-    """Fail once the block runs past `seconds`, where the bug would hang the suite."""
-    def late(signum, frame):
-        raise TimeoutError(f"still running after {seconds} s")
-
-    previous = signal.signal(signal.SIGALRM, late)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def test_a_target_config_with_more_layers_than_its_tensors_is_refused_at_once(tmp_path, capsys,
                                                                                 no_work):
     """Bug: `num_hidden_layers: 1e9` (the checkpoint has 8) hung building the layers; the shapes
     were compared only after."""
     folder = edit_config(copy_of(TINY, tmp_path), num_hidden_layers=1_000_000_000)
-    with within(20):
+    with time_limit(20):
         with pytest.raises(CheckpointError, match="num_hidden_layers is 1000000000, but the "
                                                   "checkpoint's tensors hold 4 layers"):
             Qwen3.from_pretrained(folder)
@@ -502,7 +486,7 @@ def test_a_drafter_block_past_its_positions_is_refused_before_any_cache(tmp_path
     with pytest.raises(CheckpointError, match="block_size 10000000 is more than the drafter's "
                                               "max_position_embeddings"):
         Drafter.from_pretrained(drafter)
-    with within(30):
+    with time_limit(30):
         refused(generate.main, [*PAIR[:2], "--draft", str(drafter), "--prompt-ids", "1,2",
                                 "--device", "cpu"], capsys, "block_size 10000000")
 
@@ -517,7 +501,7 @@ def test_a_drafter_block_of_one_says_what_a_block_needs(tmp_path):
 def test_cache_slots_past_the_memory_are_refused_before_the_runner(tmp_path, capsys, no_work):
     """A target claiming 2**31 - 1 positions lets max_new_tokens ask for caches of terabytes."""
     target = edit_config(copy_of(TARGET, tmp_path), max_position_embeddings=2**31 - 1)
-    with within(30):
+    with time_limit(30):
         line = refused(generate.main, ["--model", str(target), *PAIR[2:], "--prompt-ids", "1,2",
                                        "--max-new-tokens", "2000000000"], capsys,
                        "2000000010 cache slots", "max_new_tokens 2000000000", "GB in all")
@@ -567,13 +551,13 @@ def test_a_fifo_where_a_checkpoint_file_goes_is_refused_not_waited_on(tmp_path):
     folder = copy_of(TINY, tmp_path)
     (folder / "model.safetensors").unlink()
     os.mkfifo(folder / "model.safetensors")
-    with within(20):
+    with time_limit(20):
         with pytest.raises(CheckpointError, match="model.safetensors: .*not a regular file"):
             Qwen3.from_pretrained(folder)
     config = copy_of(TINY, tmp_path / "other")
     (config / "config.json").unlink()
     os.mkfifo(config / "config.json")
-    with within(20):
+    with time_limit(20):
         with pytest.raises(CheckpointError, match="config.json: .*not a regular file"):
             Qwen3.from_pretrained(config)
 

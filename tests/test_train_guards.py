@@ -19,6 +19,7 @@ from safetensors.torch import load_file
 
 import train
 from dflash import training
+from tests.test_train import short_context_target
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -96,16 +97,6 @@ def test_a_step_larger_than_the_machine_is_refused_before_it_is_built(tmp_path, 
     error = one_error_line(capsys, argv(data, tmp_path / "run", "--block-size", "2000",
                                         "--num-anchors", "512"))
     assert "--block-size 2000" in error and "GiB" in error and "memory" in error
-
-
-def short_context_target(tmp_path: Path, context: int) -> Path:
-    """The tiny target, with its max_position_embeddings cut down to `context`."""
-    folder = tmp_path / f"tiny-{context}"
-    folder.mkdir()
-    config = json.loads((TINY / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": context}))
-    (folder / "model.safetensors").symlink_to(TINY / "model.safetensors")
-    return folder
 
 
 def test_max_seq_len_is_capped_at_the_targets_positions_and_the_cut_is_said(tmp_path, capsys):
