@@ -20,6 +20,7 @@ from typing import Sequence
 import torch
 from torch.nn.attention.bias import causal_lower_right
 
+from dflash.block_choice import choose_block
 from dflash.cli import UsageError, pick_device, pick_dtype, run_cli
 from dflash.compiled import compiled_copy, keys_bucket
 from dflash.drafter import Drafter, cached_block_mask
@@ -446,17 +447,23 @@ def run(args) -> int:
     target = Qwen3.from_pretrained(args.model, device=device, dtype=dtype)
     drafter = None if args.no_draft else Drafter.from_pretrained(args.draft, target=target,
                                                                  device=device, dtype=dtype)
+    compile = device.type == "cuda" if args.compile is None else args.compile
+    stops = stop_token_ids(args.model, tokenizer)
     block_size = args.block_size or default_block_size(drafter)
+    if block_size == "auto":  # from this machine's pass costs and the drafter's acceptance
+        block_size, why = choose_block(ModelRunner, target, drafter, args.draft, compile=compile,
+                                       first_steps=lambda: generate_dflash(  # if it has no log
+                                           target, drafter, prompt_ids, 64, stop_ids=stops))
+        print(why, file=sys.stderr)
     check_request(target, drafter, prompt_ids, args.max_new_tokens, block_size=block_size,
                   tree_budget=args.tree, where=prompt.where)  # before the runner allocates caches
     check_no_mask_token(drafter, prompt_ids, prompt.where)
     sampled_slots(args.draft_policy, block_size, sampling)  # refuses a bad policy before any work
-    compile = device.type == "cuda" if args.compile is None else args.compile
     slots = cache_slots(len(prompt_ids), args.max_new_tokens, block_size, args.tree)
     runner = ModelRunner(target, drafter, block_size=block_size, tree_budget=args.tree,
                          compile=compile, max_length=slots, flex_attention=args.flex_attention,
                          mode="reduce-overhead" if device.type == "cuda" else None)
-    common = dict(sampling=sampling, stop_ids=stop_token_ids(args.model, tokenizer), runner=runner,
+    common = dict(sampling=sampling, stop_ids=stops, runner=runner,
                   first_token_choices=choices)
     loops = {}  # name -> the loop, given max_new_tokens and the rest
     if args.compare or drafter is None:

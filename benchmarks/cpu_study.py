@@ -59,11 +59,13 @@ from bench_common import least_time  # noqa: E402
 from dflash.cli import OneLineErrors, UsageError, check_output, checked  # noqa: E402
 from dflash.checkpoint import write_json_atomically  # noqa: E402
 from dflash.cli import positive_int, run_cli  # noqa: E402
+from dflash.block_choice import acceptance_for, best_block, fit_line, geometric  # noqa: E402
+from dflash.block_choice import tokens_per_step  # noqa: E402
 from dflash.drafter import Drafter, DrafterConfig, default_target_layer_ids  # noqa: E402
 from dflash.measure import Wrapped, certain_logits  # noqa: E402
 from dflash.qwen3 import Qwen3, Qwen3Config  # noqa: E402
 from gpu_check import PUBLISHED_TAU  # noqa: E402
-from pass_costs import fit_line, pass_calls, runner_at  # noqa: E402
+from pass_costs import pass_calls, runner_at  # noqa: E402
 
 VOCAB = bench_train.VOCAB
 # The official config.json shapes (bench_train.py keeps three of them); "tiny" is for the tests.
@@ -146,25 +148,6 @@ def random_pair(shape: dict, dtype: torch.dtype, block_size: int) -> tuple[Qwen3
 # ------------------------------------------------------------ the acceptance model
 
 
-def tokens_per_step(p: float, block_size: int) -> float:
-    """Mean tokens a step adds when each of the block's block_size - 1 draft slots, once reached,
-    is kept with probability p: 1 + p + ... + p^(block_size - 1) (the target's own token, then the
-    kept drafts). Summed, not (1 - p^B) / (1 - p), which loses its digits near p = 1."""
-    return sum(p ** k for k in range(block_size))
-
-
-def acceptance_for(tau: float, block_size: int) -> float:
-    """The per-slot p whose mean tokens per step is `tau` (1 <= tau <= block_size), by bisection:
-    the mean grows with p, from 1 at p = 0 to block_size at p = 1."""
-    if tau >= block_size:
-        return 1.0
-    low, high = 0.0, 1.0
-    for _ in range(60):
-        middle = (low + high) / 2
-        low, high = (middle, high) if tokens_per_step(middle, block_size) < tau else (low, middle)
-    return (low + high) / 2
-
-
 def planned_acceptance(p: float, block_size: int) -> Iterator[int]:
     """The drafts each step keeps (0..block_size - 1), drawn from the geometric law cut at the
     block: P(kept >= k) = p^k. The uniform draws are the golden-ratio sequence, spread evenly from
@@ -217,7 +200,7 @@ def pass_costs(target: Qwen3, drafter: Drafter, tokens: Sequence[int], context: 
     ms = {name: 1e3 * spent for name, spent in seconds.items()}
     verify = {n: ms[f"eager verify {n}"] for n in tokens}
     draft = {n: ms[f"eager draft {n}"] for n in tokens}
-    fits = {name: dict(zip(("overhead", "per_token"), fit_line(list(costs.items()))))
+    fits = {name: fit_line(list(costs.items()))
             for name, costs in (("verify", verify), ("draft", draft))} if len(tokens) > 1 else {}
     return {"decode_ms": ms["decode"], "verify_ms": verify, "draft_ms": draft,
             "verify_fit_ms": fits.get("verify"), "draft_fit_ms": fits.get("draft")}
@@ -316,7 +299,8 @@ def block_sweep(costs: dict, p: float, fitted: bool = False) -> dict[int, float]
         return fit["overhead"] + n * fit["per_token"] if fitted else costs[f"{name}_ms"][n]
 
     step_ms = {n: cost("draft", n) + cost("verify", n) for n in costs["verify_ms"]}
-    return {n: tokens_per_step(p, n) * costs["decode_ms"] / ms for n, ms in step_ms.items()}
+    return {n: tokens_per_step(geometric(p, n), n) * costs["decode_ms"] / ms
+            for n, ms in step_ms.items()}
 
 
 def study_row(target, drafter, args, shape: str, dtype: str, threads: int, progress: tqdm) -> dict:
@@ -342,8 +326,8 @@ def study_row(target, drafter, args, shape: str, dtype: str, threads: int, progr
     fitted_sweep = {}
     if costs["verify_fit_ms"]:  # two block sizes or more
         fitted = block_sweep(costs, p, fitted=True)
-        fitted_sweep = {"block_sweep_fitted": fitted,
-                        "best_block_fitted": max(fitted, key=fitted.get)}
+        auto, _ = best_block(costs, geometric(p, args.block_size), args.block_size)
+        fitted_sweep = {"block_sweep_fitted": fitted, "best_block_fitted": auto}  # = generate.py's
     return {"shape": shape, "dtype": dtype, "threads": threads, "clock": clock,
             "parameters_b": sum(x.numel() for x in target.parameters()) / 1e9, **costs,
             "plain_tokens_per_s": loops["plain_tokens_per_s"], "prefill_ms": loops["prefill_ms"],

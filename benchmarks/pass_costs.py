@@ -28,40 +28,19 @@ import torch  # noqa: E402
 import generate  # noqa: E402
 from bench_common import least_time  # noqa: E402
 from dflash.cli import OneLineErrors, check_output, checked, positive_int, run_cli  # noqa: E402
+from dflash.block_choice import fit_line, step_passes, steady_runner  # noqa: E402
 from dflash.drafter import Drafter  # noqa: E402
 from dflash.qwen3 import Qwen3  # noqa: E402
-from dflash.sampling import Sampling  # noqa: E402
 
 
 def runner_at(target: Qwen3, drafter: Drafter, tokens: int, context: int, compiled: bool) -> generate.ModelRunner:
     """A runner for blocks of `tokens`, its caches filled with a `context`-token prompt and its first draft."""
-    runner = generate.ModelRunner(target, drafter, max_length=context + 64, block_size=tokens, compile=compiled)
-    prompt = torch.randint(0, target.config.vocab_size - 2, (context,), generator=torch.Generator().manual_seed(0))
-    first, features = runner.prefill(prompt, Sampling(), None)
-    runner.draft(features, first)  # eager: the drafter's cache takes the prompt
-    return runner
+    return steady_runner(generate.ModelRunner, target, drafter, tokens, context, compiled)
 
 
 def pass_calls(runner: generate.ModelRunner, tokens: int, context: int, label: str) -> dict[str, Callable]:
-    """The verify and draft passes of a steady-state step (half the last block accepted), each leaving the caches
-    as it found them, so that every call costs the same."""
-    drafts = torch.arange(1, tokens)  # (tokens - 1,): any ids
-    kept = tokens // 2  # the accepted half of the last block: the next draft's new context
-    drafter_length = runner.drafter_cache.length = context - kept  # the kept half is not in it yet
-
-    def draft():
-        runner.draft(runner.features[:, :kept], 1)
-        runner.drafter_cache.length = drafter_length  # undo its commit
-
-    return {f"{label} verify {tokens}": lambda: runner.verify(drafts), f"{label} draft {tokens}": draft}
-
-
-def fit_line(points: Sequence[tuple[int, float]]) -> tuple[float, float]:
-    """Least-squares (overhead, per_token) of seconds = overhead + tokens * per_token."""
-    n = len(points)
-    mean_x, mean_y = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
-    slope = (sum((x - mean_x) * (y - mean_y) for x, y in points) / sum((x - mean_x) ** 2 for x, _ in points))
-    return mean_y - slope * mean_x, slope
+    """The verify and draft passes of a steady-state step (`step_passes`), named for `label`'s mode."""
+    return {f"{label} {name}": call for name, call in step_passes(runner, tokens, context).items()}
 
 
 @torch.no_grad()
@@ -85,10 +64,10 @@ def measure(args) -> dict:
                              "rounds": args.rounds, "repeats": args.repeats}, "modes": {}}
     for label in ("eager", "compiled"):
         ms = {name.removeprefix(f"{label} "): 1e3 * s for name, s in seconds.items() if name.startswith(label)}
-        overhead, per_token = fit_line([(1, ms["decode 1"])] + [(n, ms[f"verify {n}"]) for n in args.tokens])
+        fit = fit_line([(1, ms["decode 1"])] + [(n, ms[f"verify {n}"]) for n in args.tokens])
         decode = ms["decode 1"]
         report["modes"][label] = {
-            "ms": ms, "verify_fit_ms": {"overhead": overhead, "per_token": per_token},
+            "ms": ms, "verify_fit_ms": fit,
             "verify_over_decode": {n: ms[f"verify {n}"] / decode for n in args.tokens},
             "draft_over_decode": {n: ms[f"draft {n}"] / decode for n in args.tokens},
             # The most a step of the largest block can gain when it adds `tokens_per_step` tokens: k decodes over

@@ -31,6 +31,11 @@ On a terminal, tokens from accepted drafts are green. Bad input exits with statu
 """
 
 
+def block_size_option(text: str) -> int | str:
+    """--block-size: `auto`, or a block of at least 2 tokens."""
+    return "auto" if text == "auto" else checked(int, "at least 2 or auto", lambda x: x >= 2)(text)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineErrors(description="Generate with a Qwen3 target, sped up by a DFlash drafter.",
                       epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -48,8 +53,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=positive_int, default=128)
     add_sampling_options(p)
     p.add_argument("--seed", type=seed, default=0)
-    p.add_argument("--block-size", type=checked(int, "at least 2", lambda x: x >= 2),
-                   help="tokens per draft block (2..the drafter's; default the drafter's)")
+    p.add_argument("--block-size", type=block_size_option, metavar="N|auto",
+                   help="tokens per draft block (2..the drafter's; default the drafter's); auto: "
+                   "the block this machine runs fastest, from a calibration of its pass costs "
+                   "(kept per machine and model) and the drafter's acceptance")
     p.add_argument("--tree", type=checked(int, "0 (no tree) or more", lambda x: x >= 0), default=0,
                    metavar="N", help="verify a draft tree of N nodes per step")
     add_device_options(p)
@@ -71,6 +78,9 @@ def check_options(args) -> Prompt:
     ignore, are refused before any model is loaded."""
     if args.prompt is None and args.prompt_ids is None:
         raise UsageError("give a prompt with --prompt TEXT or --prompt-ids 1,2,3")
+    if args.block_size == "auto" and (args.tree or args.draft_policy != "greedy"):
+        raise UsageError("--block-size auto is chosen for greedy chains: give a number with "
+                         "--tree or a sampled --draft-policy")
     if args.tree and args.draft_policy != "greedy":
         raise UsageError("--tree takes only the greedy draft policy")
     ignored = {"--compare": args.compare, "--tree": args.tree, "--block-size": args.block_size,

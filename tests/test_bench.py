@@ -286,6 +286,6 @@ def test_every_loop_is_also_compared_with_the_fastest_plain_loop_of_its_sampling
 def test_pass_costs_fits_overhead_and_per_token_cost():
     import pass_costs
 
-    overhead, per_token = pass_costs.fit_line([(1, 1.3), (2, 1.5), (4, 1.9), (8, 2.7), (16, 4.3)])
-    assert overhead == pytest.approx(1.1) and per_token == pytest.approx(0.2)
+    fit = pass_costs.fit_line([(1, 1.3), (2, 1.5), (4, 1.9), (8, 2.7), (16, 4.3)])
+    assert fit["overhead"] == pytest.approx(1.1) and fit["per_token"] == pytest.approx(0.2)
     assert pass_costs.build_parser().parse_args([]).tokens == [2, 4, 8, 16]

@@ -16,7 +16,8 @@ torch.set_num_threads(1)
 def test_acceptance_for_gives_the_mean_asked(tau, block):
     p = cpu_study.acceptance_for(tau, block)
     assert 0.0 <= p <= 1.0
-    assert cpu_study.tokens_per_step(p, block) == pytest.approx(tau, abs=1e-9)
+    assert cpu_study.tokens_per_step(cpu_study.geometric(p, block), block) == pytest.approx(
+        tau, abs=1e-9)
 
 
 def test_planned_acceptance_follows_the_law():

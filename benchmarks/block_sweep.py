@@ -1,0 +1,140 @@
+"""Does `--block-size auto` pick a block as fast as the best fixed one? A sweep, measured.
+
+    python benchmarks/block_sweep.py                                   # the demo pair, eager
+    python benchmarks/block_sweep.py --compile --json docs/results/block_sweep_compiled.json
+    python benchmarks/block_sweep.py --blocks 4,8,12,16 --rounds 2 \
+        --prompts weights/handwritten_problems.jsonl
+
+Greedy DFlash runs on every prompt of the set at each fixed block (2..the drafter's, or --blocks)
+and at the block `--block-size auto` picks (generate.py's choice: the calibrated pass costs and the
+drafter's acceptance, dflash/block_choice.py), in turns, --rounds times; a block's time is its
+least over the rounds (a busy machine's noise only adds time), its speed the tokens of all prompts
+over that time. The report: each block's tokens/s and tau, the pick's prediction, and the pick's
+measured speed as a share of the fastest block's. With one thread, times are the process's CPU
+time (a neighbour's share of the cores does not count); with more, wall time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Sequence
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+import generate  # noqa: E402
+from cpu_study import cpu_description, listed  # noqa: E402
+from dflash.block_choice import choose_block  # noqa: E402
+from dflash.checkpoint import write_json_atomically  # noqa: E402
+from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_output,  # noqa: E402
+                        checked, pick_device, pick_dtype, positive_int, run_cli)
+from dflash.drafter import Drafter  # noqa: E402
+from dflash.prompts import add_prompt_options, encode_for_generation, read_prompts  # noqa: E402
+from dflash.qwen3 import Qwen3  # noqa: E402
+from dflash.tokenizer import find_tokenizer, stop_token_ids  # noqa: E402
+
+
+def sweep(target: Qwen3, drafter: Drafter, prompts: list[list[int]], stops: list[int],
+          blocks: Sequence[int], args, clock) -> dict[int, dict]:
+    """Each block's least time over the rounds for all prompts, its tokens/s and tau."""
+    longest = max(map(len, prompts)) + args.max_new_tokens + 2 * max(blocks)
+    runners = {n: generate.ModelRunner(target, drafter, block_size=n, max_length=longest,
+                                       compile=args.compile) for n in blocks}
+
+    def run_all(n: int) -> list:
+        return [generate.generate_dflash(target, drafter, ids, args.max_new_tokens, stop_ids=stops,
+                                         runner=runners[n]) for ids in prompts]
+
+    for n in blocks:  # unmeasured: allocations, kernels, compiling every bucket the runs read
+        run_all(n)
+    best, results = dict.fromkeys(blocks, float("inf")), {}
+    for _ in range(args.rounds):
+        for n in blocks:  # in turns: a busy spell slows every block alike
+            began = clock()
+            results[n] = run_all(n)
+            best[n] = min(best[n], clock() - began)
+    figures = {}
+    for n in blocks:
+        tokens = sum(r.new_tokens for r in results[n])
+        steps = sum(r.steps for r in results[n])
+        figures[n] = {"seconds": best[n], "tokens": tokens, "tokens_per_s": tokens / best[n],
+                      "tau": sum(sum(r.acceptance_lengths) for r in results[n]) / steps}
+    return figures
+
+
+def run(args) -> int:
+    if args.json:
+        check_output(args.json, "--json")
+    device = pick_device(args.device)
+    dtype = pick_dtype(args.dtype, device, args.model)
+    target = Qwen3.from_pretrained(args.model, device=device, dtype=dtype)
+    drafter = Drafter.from_pretrained(args.draft, target=target, device=device, dtype=dtype)
+    largest = drafter.config.block_size
+    blocks = args.blocks or list(range(2, largest + 1))
+    if max(blocks) > largest:
+        raise UsageError(f"--blocks {max(blocks)} is past the drafter's block of {largest}")
+    tokenizer = find_tokenizer(args.model)
+    prompts = [encode_for_generation(p, tokenizer, args.chat, args.thinking, False)[0]
+               for p in read_prompts(args.prompts)]
+    stops = stop_token_ids(args.model, tokenizer)
+    began = time.perf_counter()
+    auto, why = choose_block(generate.ModelRunner, target, drafter, args.draft,
+                             compile=args.compile, first_steps=lambda: generate.generate_dflash(
+                                 target, drafter, prompts[0], 64, stop_ids=stops))
+    print(f"{why} ({time.perf_counter() - began:.1f} s)", file=sys.stderr)
+    clock = time.process_time if torch.get_num_threads() == 1 and device.type == "cpu" \
+        else time.perf_counter
+    figures = sweep(target, drafter, prompts, stops, sorted({*blocks, auto}), args, clock)
+    fastest = max(figures, key=lambda n: figures[n]["tokens_per_s"])
+    share = figures[auto]["tokens_per_s"] / figures[fastest]["tokens_per_s"]
+    report = {"conditions": {"cpu": cpu_description(), "device": str(device),
+                             "dtype": str(dtype).removeprefix("torch."),
+                             "threads": torch.get_num_threads(), "compile": args.compile,
+                             "clock": "cpu" if clock is time.process_time else "wall",
+                             "torch": torch.__version__, "prompts": str(args.prompts),
+                             "max_new_tokens": args.max_new_tokens, "rounds": args.rounds},
+              "auto_block": auto, "auto_reason": why, "fastest_block": fastest,
+              "auto_share_of_fastest": share, "blocks": figures}
+    print("| block | tau | tokens/s | share of the fastest |\n|---|---|---|---|")
+    for n, row in figures.items():
+        mark = " (auto)" if n == auto else ""
+        print(f"| {n}{mark} | {row['tau']:.2f} | {row['tokens_per_s']:.1f} | "
+              f"{row['tokens_per_s'] / figures[fastest]['tokens_per_s']:.3f} |")
+    print(f"auto picked {auto}: {100 * share:.1f} % of the fastest block's ({fastest}) tokens/s")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomically(args.json, report)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = OneLineErrors(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, default=generate.WEIGHTS / "tiny-qwen3")
+    p.add_argument("--draft", type=Path, default=generate.WEIGHTS / "tiny-qwen3-dflash")
+    p.add_argument("--prompts", type=Path, default=generate.WEIGHTS / "heldout_problems.jsonl")
+    block = checked(int, "at least 2", lambda x: x >= 2)
+    p.add_argument("--blocks", type=listed(block, rule="comma-separated int, at least 2"),
+                   help="the fixed blocks, e.g. 4,8,12,16 (default: 2..the drafter's)")
+    p.add_argument("--max-new-tokens", type=positive_int, default=128)
+    p.add_argument("--rounds", type=positive_int, default=3,
+                   help="turns of every block (the least time kept)")
+    p.add_argument("--compile", action="store_true", help="torch.compile the fixed-shape passes")
+    add_device_options(p)
+    add_prompt_options(p)
+    p.add_argument("--json", type=Path, help="also write the report to this file")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_cli(build_parser(), run, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

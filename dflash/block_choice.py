@@ -1,0 +1,281 @@
+"""Which block to draft: the one that adds the most tokens per second on this machine.
+
+A block of n tokens buys, per step, the target's own token and every draft kept before the first
+miss, and costs one draft pass and one verify pass of n tokens. Both sides move with n: the tokens
+by the drafter's acceptance at each slot, the cost by the machine (on a GPU or a CPU multiplying
+bf16 a 16-token verify costs nearly what a decode does; compiled on a CPU core, each token adds).
+So the best block is a property of the pair *and* the machine, and is worked out from both:
+
+    tokens per step (n)  = 1 + a1 + a1 a2 + ... + a1 ... a(n-1)     (a_k: slot k's acceptance)
+    predicted speed (n)  = tokens per step (n) / (draft(n) + verify(n))
+
+The pass costs come from a short calibration through the runner the loops use, fitted to straight
+lines (overhead + n * per token) so that one noisy timing does not move the choice, and cached per
+machine, threads, dtype, compile mode and model shape. The acceptance comes from the drafter's
+training log (its per-slot accuracy, the figure nearest to what serving sees), or, for a drafter
+without a log, from the mean acceptance of a few steps at its full block.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from dflash.checkpoint import write_json_atomically
+from dflash.drafter import Drafter
+from dflash.qwen3 import Qwen3
+from dflash.sampling import Sampling
+
+CALIBRATION_CONTEXT = 128  # committed tokens in the caches while the passes are timed
+LOG_NAME = "train_log.jsonl"  # train.py's, next to the drafter's weights
+SLOT_FIGURES = ("heldout_slot_accuracy", "slot_accuracy")  # per-slot figures in a log, best first
+
+
+# ------------------------------------------------------------------ the model of a step
+
+
+def tokens_per_step(acceptance: Sequence[float], block_size: int) -> float:
+    """Mean tokens a step of `block_size` adds: the target's token, then draft k when every draft up
+    to k is kept, which happens with probability a1 * ... * ak (a_k = acceptance[k - 1])."""
+    total, reach = 1.0, 1.0
+    for rate in acceptance[:block_size - 1]:
+        reach *= rate
+        total += reach
+    return total
+
+
+def geometric(p: float, block_size: int) -> list[float]:
+    """The same acceptance p at every slot: the model of the speculative-decoding analyses."""
+    return [p] * (block_size - 1)
+
+
+def acceptance_for(tau: float, block_size: int) -> float:
+    """The per-slot p whose mean tokens per step is `tau` (1 <= tau <= block_size), by bisection:
+    the mean grows with p, from 1 at p = 0 to block_size at p = 1."""
+    if tau >= block_size:
+        return 1.0
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = ((middle, high) if tokens_per_step(geometric(middle, block_size), block_size)
+                     < tau else (low, middle))
+    return (low + high) / 2
+
+
+def predicted_speeds(costs: dict, acceptance: Sequence[float], blocks: Sequence[int]) -> dict:
+    """Tokens per millisecond of each of `blocks`, from the fitted pass costs (`calibrate`)."""
+    def fitted(name: str, n: int) -> float:
+        line = costs[f"{name}_fit_ms"]
+        return line["overhead"] + n * line["per_token"]
+
+    return {n: tokens_per_step(acceptance, n) / (fitted("draft", n) + fitted("verify", n))
+            for n in blocks}
+
+
+def best_block(costs: dict, acceptance: Sequence[float], largest: int) -> tuple[int, dict]:
+    """The block in 2..largest with the highest predicted speed, and every block's prediction."""
+    speeds = predicted_speeds(costs, acceptance, range(2, largest + 1))
+    return max(speeds, key=speeds.get), speeds
+
+
+# ------------------------------------------------------------------ the drafter's acceptance
+
+
+def logged_acceptance(drafter_folder: Path) -> list[float] | None:
+    """The per-slot acceptance in the drafter's training log, from its last line that has one
+    (held-out figures before training ones); None without a log."""
+    log = Path(drafter_folder) / LOG_NAME
+    if not log.is_file():
+        return None
+    found = None
+    for line in log.read_text().splitlines():
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:  # a line cut by a crash
+            continue
+        figures = [entry[name] for name in SLOT_FIGURES if isinstance(entry.get(name), list)]
+        if figures and all(0 <= rate <= 1 for rate in figures[0]):
+            found = [float(rate) for rate in figures[0]]
+    return found
+
+
+def measured_acceptance(acceptance_lengths: Sequence[int], block_size: int) -> list[float]:
+    """A per-slot acceptance for a drafter without a log, from steps run at `block_size`: the same
+    p at every slot, fitted to their mean tokens per step (a few steps cannot tell slots apart)."""
+    tau = sum(acceptance_lengths) / len(acceptance_lengths)
+    return geometric(acceptance_for(tau, block_size), block_size)
+
+
+# ------------------------------------------------------------------ the machine's pass costs
+
+
+def steady_runner(runner_class, target: Qwen3, drafter: Drafter, block_size: int, context: int,
+                  compile: bool):
+    """A runner for blocks of `block_size`, its caches holding a `context`-token prompt and its
+    first draft's context. `runner_class` is generate.py's ModelRunner (the package does not import
+    a script)."""
+    runner = runner_class(target, drafter, max_length=context + 64, block_size=block_size,
+                                compile=compile)
+    prompt = torch.randint(0, target.config.vocab_size - 2, (context,),
+                           generator=torch.Generator().manual_seed(0))
+    first, features = runner.prefill(prompt, Sampling(), None)
+    runner.draft(features, first)  # the drafter's cache takes the prompt
+    return runner
+
+
+def step_passes(runner, block_size: int, context: int) -> dict[str, Callable[[], object]]:
+    """The verify and draft passes of a steady-state step (half the last block kept), each leaving
+    the caches as it found them, so that every call costs the same."""
+    drafts = torch.arange(1, block_size, device=runner.block_offsets.device)  # (block - 1,)
+    kept = block_size // 2  # the kept half of the last block: the next draft's new context
+    drafter_length = runner.drafter_cache.length = context - kept  # the half is not in it yet
+
+    def draft():
+        runner.draft(runner.features[:, :kept], 1)
+        runner.drafter_cache.length = drafter_length  # undo its commit
+
+    return {f"verify {block_size}": lambda: runner.verify(drafts), f"draft {block_size}": draft}
+
+
+def fit_line(points: Sequence[tuple[int, float]]) -> dict[str, float]:
+    """Least-squares overhead and per_token of cost = overhead + tokens * per_token."""
+    n = len(points)
+    mean_x, mean_y = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+    slope = (sum((x - mean_x) * (y - mean_y) for x, y in points)
+             / sum((x - mean_x) ** 2 for x, _ in points))
+    return {"overhead": mean_y - slope * mean_x, "per_token": slope}
+
+
+def calibrate(runner_class, target: Qwen3, drafter: Drafter, blocks: Sequence[int], *,
+              compile: bool = False, rounds: int = 3, calls: int = 2, seconds: float = 1.0,
+              timer: Callable | None = None) -> dict:
+    """Milliseconds of the draft and verify passes at each of `blocks` (two at least) and the lines
+    fitted to them. Each pass's cost is the least over rounds of `calls` calls' mean: `rounds` at
+    least, more until a block has been timed for `seconds` (a small model's passes are short, and
+    the least of many is what a busy machine leaves alone). The passes of one block take turns, as
+    in a loop, so that neither finds the caches warm from itself."""
+    timer = timer or seconds_taken
+    device = target.embed_tokens.weight.device
+    draft_ms, verify_ms = {}, {}
+    for n in blocks:
+        runner = steady_runner(runner_class, target, drafter, n, CALIBRATION_CONTEXT, compile)
+        passes = step_passes(runner, n, CALIBRATION_CONTEXT)
+        for job in passes.values():
+            job()  # compiles, allocates
+        best, total, done = dict.fromkeys(passes, float("inf")), 0.0, 0
+        while done < rounds or (total < seconds and done < 100 * rounds):
+            spent = dict.fromkeys(passes, 0.0)
+            for _ in range(calls):
+                for name, job in passes.items():
+                    spent[name] += timer(job, device)
+            best = {name: min(best[name], spent[name] / calls) for name in passes}
+            total, done = total + sum(spent.values()), done + 1
+        verify_ms[n], draft_ms[n] = 1e3 * best[f"verify {n}"], 1e3 * best[f"draft {n}"]
+    return {"blocks": list(blocks), "draft_ms": draft_ms, "verify_ms": verify_ms,
+            "draft_fit_ms": fit_line(list(draft_ms.items())),
+            "verify_fit_ms": fit_line(list(verify_ms.items()))}
+
+
+def seconds_taken(job: Callable[[], object], device: torch.device) -> float:
+    """Wall seconds of `job()`, the device's queue drained before and after it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    began = time.perf_counter()
+    job()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - began
+
+
+# ------------------------------------------------------------------ the cache of calibrations
+
+
+def cache_file() -> Path:
+    """Where calibrations are kept: $DFLASH_CACHE, else the user's cache folder."""
+    if os.environ.get("DFLASH_CACHE"):
+        return Path(os.environ["DFLASH_CACHE"]) / "block_costs.json"
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return base / "dflash" / "block_costs.json"
+
+
+def machine_name(device: torch.device) -> str:
+    """The GPU's name, or the CPU's model as /proc/cpuinfo gives it."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        found = re.search(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text())
+    except OSError:
+        found = None
+    return found[1].strip() if found else platform.processor() or platform.machine()
+
+
+def calibration_key(target: Qwen3, drafter: Drafter, compile: bool) -> str:
+    """What the costs depend on: the machine, torch, threads, dtype, compile mode, the shapes."""
+    weight, t, d = target.embed_tokens.weight, target.config, drafter.config
+    return " | ".join([machine_name(weight.device), f"torch {torch.__version__}",
+                       f"{torch.get_num_threads()} threads",
+                       str(weight.dtype).removeprefix("torch."),
+                       "compiled" if compile else "eager",
+                       f"target {t.num_hidden_layers}x{t.hidden_size}/{t.intermediate_size} "
+                       f"vocab {t.vocab_size}",
+                       f"drafter {d.layers.num_hidden_layers} layers block {d.block_size}",
+                       f"context {CALIBRATION_CONTEXT}"])
+
+
+def cached_calibration(key: str, measure: Callable[[], dict]) -> tuple[dict, bool]:
+    """The costs kept under `key`, or `measure()`'s, then kept; and whether they were measured now.
+    A cache file that cannot be read is measured over, not trusted."""
+    path = cache_file()
+    try:
+        kept = json.loads(path.read_text())
+        kept = kept if isinstance(kept, dict) else {}
+    except (OSError, json.JSONDecodeError):
+        kept = {}
+    if isinstance(kept.get(key), dict) and "verify_fit_ms" in kept[key]:
+        return kept[key], False
+    costs = measure()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomically(path, {**kept, key: costs})
+    except OSError:  # a read-only home: the choice is still made, only not kept
+        pass
+    return costs, True
+
+
+def calibration_blocks(largest: int) -> list[int]:
+    """The blocks timed: a few across 2..largest (the lines are fitted to them)."""
+    return sorted({2, max(2, largest // 4), max(2, largest // 2), max(2, 3 * largest // 4),
+                   largest})
+
+
+# ------------------------------------------------------------------ the choice
+
+
+def choose_block(runner_class, target: Qwen3, drafter: Drafter, drafter_folder: Path, *,
+                 compile: bool, first_steps: Callable[[], object]) -> tuple[int, str]:
+    """`--block-size auto`: the block with the highest predicted speed, and a line saying why.
+    `first_steps()` runs a few steps at the drafter's own block and returns what they generated
+    (its `acceptance_lengths`); it is called only for a drafter without a training log."""
+    largest = drafter.config.block_size
+    acceptance = logged_acceptance(drafter_folder)
+    source = f"per-slot acceptance from {LOG_NAME}"
+    if acceptance is None:
+        lengths = first_steps().acceptance_lengths
+        acceptance = measured_acceptance(lengths, largest)
+        source = f"acceptance {acceptance[0]:.2f} per slot from {len(lengths)} first steps"
+    costs, measured = cached_calibration(
+        calibration_key(target, drafter, compile),
+        lambda: calibrate(runner_class, target, drafter, calibration_blocks(largest),
+                          compile=compile))
+    block, speeds = best_block(costs, acceptance, largest)
+    where = "calibrated now" if measured else "calibrated before"
+    return block, (f"[block size auto: {block}, predicted {speeds[block] / speeds[largest]:.2f}x "
+                   f"the tokens/s of block {largest}; {source}; pass costs {where}, kept in "
+                   f"{cache_file()}]")
