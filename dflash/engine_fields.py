@@ -9,8 +9,11 @@ for 16, vLLM builds the block's attention causally when a config says `is_causal
 their code), and what it must be for a drafter trained here. `engine_field_problems` names every
 row a config breaks; given the target's config too, it also compares what must agree with it.
 
-The engines' code was read in the public index of GitHub sources (vllm-project/vllm,
-sgl-project/sglang, z-lab/dflash, the authors' reference); the rows cite only what was read there.
+The engines' code was read in a public index of GitHub sources (vllm-project/vllm,
+sgl-project/sglang, and z-lab/dflash, the authors' reference); the rows cite only what was read
+there. Two citations come from copies other than the newest: vLLM's registry entry for
+"DFlashDraftModel" was read in a copy of registry.py (the stored upstream one predates DFlash),
+and its dtype rule in an older vllm/config.py.
 """
 
 from __future__ import annotations
@@ -236,13 +239,13 @@ ENGINE_FIELDS = (
         "dflash_config.mask_token_id", (VLLM_MASK, f"{VLLM_MODEL}: DFlashQwen3Model",
                                         SGLANG_PARSE, AUTHORS),
         "an integer in 0..vocab_size-1, the token the drafter was trained with in its unknown "
-        "slots (SGLang looks a string up in the tokenizer when it is missing)",
+        "slots (without it SGLang falls back to a mask token string, \"<|MASK|>\" by default)",
         valid_mask_token),
     EngineField(
         "dflash_config.target_layer_ids", (VLLM_AUX, f"{VLLM_MODEL}: _get_dflash_fc_input_size",
                                            SGLANG_PARSE, AUTHORS),
-        "a non-empty list of target layers, 0-based, each below num_target_layers (vLLM adds 1: "
-        "it counts the embeddings as layer 0; its length sizes fc)",
+        "a non-empty list of target layers, 0-based, each below num_target_layers (vLLM adds 1 "
+        "to each to find its capture points; the list's length sizes fc)",
         valid_layer_ids),
     EngineField(
         "eagle_aux_hidden_state_layer_ids", (VLLM_AUX,),
