@@ -16,6 +16,12 @@ fits; the configured one winning means no convention error. Conventions are trie
 
 A drafter that fits its conventions and still accepts less here than its log claims is meeting prompts unlike its
 training data (another mode or domain): fine-tune it on the target's answers to such prompts (docs/training.md).
+
+With --engine-acceptance FILE, the per-position acceptance a serving engine reported (pasted
+as JSON, see ENGINE_SHAPES) is set beside the log's per-slot figures and what is served here,
+and the first position where the engine falls clearly below the log is named. The check also
+lists every field of the drafter's config.json that vLLM or SGLang would read otherwise than
+the drafter was trained (dflash/engine_fields.py).
 """
 
 from __future__ import annotations
@@ -33,10 +39,11 @@ ROOT = Path(__file__).resolve().parents[1]  # run as a script: generate.py and t
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from dflash.checkpoint import read_text  # noqa: E402
+from dflash.checkpoint import is_integer, is_number, parse_json, read_json, read_text  # noqa: E402
 from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_output,  # noqa: E402
                         check_token_ids, int_list, pick_device, pick_dtype, positive_int, run_cli)
 from dflash.drafter import Drafter  # noqa: E402
+from dflash.engine_fields import engine_field_problems  # noqa: E402
 from dflash.prompts import PROMPT_FORMAT, add_prompt_options, encode_for_generation, read_prompts  # noqa: E402
 from dflash.qwen3 import Qwen3  # noqa: E402
 from dflash.results import per_position_acceptance  # noqa: E402
@@ -172,8 +179,13 @@ def training_log_claim(drafter_folder: Path) -> dict | None:
     if not records or "slot_accuracy" not in records[-1]:
         return None
     evaluated = [record["eval_tau"] for record in records if record.get("eval_tau") is not None]
-    return {"step": records[-1]["step"], "slot_accuracy": records[-1]["slot_accuracy"],
-            "tau_estimate": records[-1].get("tau_estimate"), "eval_tau": evaluated[-1] if evaluated else None}
+    claim = {"step": records[-1]["step"], "slot_accuracy": records[-1]["slot_accuracy"],
+             "tau_estimate": records[-1].get("tau_estimate"),
+             "eval_tau": evaluated[-1] if evaluated else None}
+    for name in ("eval_slot_acceptance", "heldout_slot_accuracy"):  # at evaluations: the last
+        logged = [record[name] for record in records if record.get(name) is not None]
+        claim[name] = logged[-1] if logged else None
+    return claim
 
 
 @dataclass
@@ -186,6 +198,8 @@ class Report:
     scores: dict[str, Score]
     fits: str
     verdict: str
+    engine_fields: list[str] | None = None  # config.json fields vLLM or SGLang would misread
+    engine: EngineComparison | None = None  # with --engine-acceptance
 
 
 def which_convention_fits(conventions: Sequence[Convention], scores: dict[str, Score]) -> Convention:
@@ -219,6 +233,206 @@ def domain_gap(served_tau: float, claimed: dict | None, fits_its_config: bool) -
             f"target's answers to prompts like these (docs/training.md)")
 
 
+# ------------------------------------------------------------------ a serving engine's numbers
+
+# What --engine-acceptance takes. Engines count, per position k = 1, 2, ... (vLLM's index k-1), the
+# drafts whose first k tokens were all accepted: a cumulative figure.
+ENGINE_SHAPES = (
+    "a list of per-position acceptance rates, as vLLM logs them (\"Per-position acceptance rate: "
+    "0.91, 0.80, ...\": the share of drafts whose first k tokens were all kept); vLLM's counters "
+    "as {\"num_drafts\": N, \"num_accepted_tokens_per_pos\": [...]} "
+    "(vllm:spec_decode_num_drafts, vllm:spec_decode_num_accepted_tokens_per_pos by position); "
+    "or SGLang's {\"spec_accept_histogram\": [...]} (verify steps that kept exactly 0, 1, 2... "
+    "drafts), alone or in a whole response's meta_info")
+
+# The engine parts from the log at the first position whose acceptance once reached is this far
+# below the log's figure for that slot. A choice: wide enough to pass the noise of a few hundred
+# drafts (about two points), narrow enough to catch a position served clearly worse.
+CLEARLY_BELOW = 0.10
+# A position fewer drafts reached than this is too noisy to name (known only from counts).
+FEWEST_REACHED = 30
+
+# The log's per-slot figures, best first: served acceptance once reached on held-out prompts (the
+# engine's kind of figure), then each slot's accuracy alone, teacher-forced (an approximation).
+LOG_FIGURES = ("eval_slot_acceptance", "heldout_slot_accuracy", "slot_accuracy")
+
+
+@dataclass
+class EngineAcceptance:
+    """What an engine reported: per position k = 1..K, the share of drafts whose first k tokens
+    were all accepted, and over how many drafts when the shape says."""
+
+    cumulative: list[float]
+    drafts: int | None
+    shape: str
+
+
+def read_engine_acceptance(path: Path) -> EngineAcceptance:
+    """The engine's numbers in one of ENGINE_SHAPES, checked before any model loads."""
+    where = f"--engine-acceptance {path}"
+    data = parse_json(read_text(path, UsageError, "engine acceptance file"), where, UsageError)
+    if isinstance(data, dict) and isinstance(data.get("meta_info"), dict):
+        data = data["meta_info"]  # a whole SGLang response
+    if isinstance(data, list):
+        return EngineAcceptance(checked_rates(data, where), None, "per-position rates")
+    if isinstance(data, dict) and "num_accepted_tokens_per_pos" in data:
+        return from_vllm_counts(data, where)
+    if isinstance(data, dict) and "spec_accept_histogram" in data:
+        return from_sglang_histogram(data["spec_accept_histogram"], where)
+    raise UsageError(f"{where}: expected {ENGINE_SHAPES}; got {json.dumps(data)[:80]}")
+
+
+def checked_rates(rates, where: str) -> list[float]:
+    """A cumulative series: numbers in 0..1 that never rise from one position to the next."""
+    if not isinstance(rates, list) or not rates or not all(is_number(r) for r in rates):
+        raise UsageError(f"{where}: expected a non-empty list of numbers, got {json.dumps(rates)}")
+    for position, (before, rate) in enumerate(zip([1.0, *rates], rates), start=1):
+        if not 0 <= rate <= 1:
+            raise UsageError(f"{where}: position {position}'s rate {rate} is outside 0..1")
+        if rate > before + 1e-9:
+            raise UsageError(f"{where}: the rate rises at position {position} ({before} -> "
+                             f"{rate}); engines report the share of drafts kept up to each "
+                             f"position, which never rises")
+    return [float(rate) for rate in rates]
+
+
+def from_vllm_counts(data: dict, where: str) -> EngineAcceptance:
+    """vLLM's counters: how many drafts in all, and per position how many kept it."""
+    drafts, counts = data.get("num_drafts"), data["num_accepted_tokens_per_pos"]
+    if not is_integer(drafts) or drafts <= 0:
+        raise UsageError(f"{where}: num_drafts must be a positive integer, got "
+                         f"{json.dumps(drafts)}")
+    if not isinstance(counts, list) or not all(is_integer(c) and c >= 0 for c in counts):
+        raise UsageError(f"{where}: num_accepted_tokens_per_pos must be a list of counts, got "
+                         f"{json.dumps(counts)}")
+    return EngineAcceptance(checked_rates([c / drafts for c in counts], where), drafts,
+                            f"vLLM counts over {drafts} drafts")
+
+
+def from_sglang_histogram(histogram, where: str) -> EngineAcceptance:
+    """SGLang's histogram h[n], steps that kept exactly n drafts: position k was kept by the
+    steps that kept k or more, sum(h[k:]) of sum(h)."""
+    if (not isinstance(histogram, list) or len(histogram) < 2
+            or not all(is_integer(h) and h >= 0 for h in histogram) or not sum(histogram)):
+        raise UsageError(f"{where}: spec_accept_histogram must be a list of at least two counts, "
+                         f"not all 0, got {json.dumps(histogram)}")
+    steps = sum(histogram)
+    return EngineAcceptance([sum(histogram[k:]) / steps for k in range(1, len(histogram))], steps,
+                            f"SGLang histogram over {steps} steps")
+
+
+def once_reached(cumulative: Sequence[float]) -> list[float | None]:
+    """Per position k, acceptance among the drafts that reached it: the share kept up to k over
+    the share kept up to k-1 (None where none reached it): what eval_slot_acceptance logs."""
+    before = [1.0, *cumulative[:-1]]
+    return [kept / reached if reached > 0 else None for kept, reached in zip(cumulative, before)]
+
+
+def running_product(rates: Sequence[float | None]) -> list[float]:
+    """Per position k, the product of the rates up to k. From acceptance once reached it is the
+    engine's cumulative figure exactly; from slot accuracy (each slot scored alone) it is
+    tau_estimate's approximation of it, the slots' hits taken as independent."""
+    products, product = [], 1.0
+    for rate in rates:
+        product *= rate or 0.0
+        products.append(product)
+    return products
+
+
+@dataclass
+class EngineComparison:
+    """The engine's per-position figures beside the log's and the ones served here, as acceptance
+    once reached and as cumulative; `parts_at`: the first position where the engine falls clearly
+    below the reference (the log, or what is served here when there is no log), None: nowhere."""
+
+    shape: str
+    reference: str
+    engine_once_reached: list[float | None]
+    log_per_slot: list[float | None]
+    here_once_reached: list[float | None]
+    engine_cumulative: list[float]
+    log_cumulative: list[float]
+    here_cumulative: list[float]
+    parts_at: int | None
+    verdict: str
+
+
+def first_gap(engine: EngineAcceptance, reference: Sequence[float | None]) -> int | None:
+    """The first position whose acceptance once reached is CLEARLY_BELOW the reference's, among
+    the positions enough drafts reached to tell."""
+    rates = once_reached(engine.cumulative)
+    reached = [1.0, *engine.cumulative[:-1]]
+    for position, (rate, wanted) in enumerate(zip(rates, reference), start=1):
+        if engine.drafts is not None and engine.drafts * reached[position - 1] < FEWEST_REACHED:
+            return None  # later positions are reached by fewer still
+        if rate is not None and wanted is not None and rate < wanted - CLEARLY_BELOW:
+            return position
+    return None
+
+
+def compare_with_engine(engine: EngineAcceptance, claimed: dict | None,
+                        here: Sequence[float | None]) -> EngineComparison:
+    """Set the engine's figures beside the log's best per-slot figure (else beside what is
+    served here) and say where the engine parts from it."""
+    figure = next((name for name in LOG_FIGURES if (claimed or {}).get(name)), None)
+    log = list(claimed[figure]) if figure else []
+    reference = f"the training log's {figure}" if figure else "the drafter served here"
+    parts_at = first_gap(engine, log if figure else here)
+    comparison = EngineComparison(
+        engine.shape, reference, once_reached(engine.cumulative), log, list(here),
+        engine.cumulative, running_product(log), running_product(here), parts_at, "")
+    comparison.verdict = engine_verdict(comparison, bool(figure))
+    return comparison
+
+
+def engine_verdict(comparison: EngineComparison, has_log: bool) -> str:
+    """No gap; or where the engine parts from the reference, and whether the drafter does better
+    served here (then the engine serves it otherwise than it was trained) or not (the drafter)."""
+    k = comparison.parts_at
+    if k is None:
+        return (f"no gap: at every position the engine keeps as many of the drafts that reach it "
+                f"as {comparison.reference} (within {CLEARLY_BELOW:.2f})")
+    served_here = comparison.here_once_reached
+    here = served_here[k - 1] if k <= len(served_here) else None
+    wanted = comparison.log_per_slot[k - 1] if has_log else here
+    verdict = (f"the engine parts from {comparison.reference} at position {k} (vLLM's index "
+               f"{k - 1}): it keeps {comparison.engine_once_reached[k - 1]:.2f} of the drafts "
+               f"that reach it, against {wanted:.2f}")
+    if here is None:
+        return verdict
+    if here >= wanted - CLEARLY_BELOW:
+        return verdict + (f"; served here the drafter keeps {here:.2f} there, so the engine "
+                          f"serves it otherwise than it was trained: check the config fields it "
+                          f"reads (listed above when wrong), its number of speculative tokens, "
+                          f"its target and its prompts")
+    return verdict + (f"; served here it keeps only {here:.2f} there too: the drafter, not the "
+                      f"engine (see the verdict above)")
+
+
+def print_engine_comparison(comparison: EngineComparison) -> None:
+    """Per position: acceptance once reached and cumulative, engine, log and here side by side."""
+    def cell(value) -> str:
+        return "   -" if value is None else f"{value:.2f}"
+
+    print(f"engine ({comparison.shape}) beside {comparison.reference} and the drafter served here:")
+    print("  engines count, per position k, the drafts whose first k tokens were all kept "
+          "(cumulative);")
+    print("  over the count at k-1, that is acceptance once reached (eval_slot_acceptance's "
+          "figure);")
+    print("  slot_accuracy scores each slot alone: its running product approximates the "
+          "cumulative figure")
+    print("  position | once reached: engine   log  here | cumulative: engine   log  here")
+    columns = (comparison.engine_once_reached, comparison.log_per_slot,
+               comparison.here_once_reached, comparison.engine_cumulative,
+               comparison.log_cumulative, comparison.here_cumulative)
+    for k in range(1, len(comparison.engine_cumulative) + 1):
+        once, log, here, cumulative, log_cumulative, here_cumulative = (
+            column[k - 1] if k <= len(column) else None for column in columns)
+        print(f"  {k:8d} | {cell(once):>20} {cell(log):>5} {cell(here):>5} | "
+              f"{cell(cumulative):>18} {cell(log_cumulative):>5} {cell(here_cumulative):>5}")
+    print(f"verdict (engine): {comparison.verdict}")
+
+
 def print_report(report: Report) -> None:
     """The claim beside the measurement, every convention's score, and the verdict."""
     def row(values) -> str:
@@ -241,7 +455,15 @@ def print_report(report: Report) -> None:
     print("conventions (teacher-forced tau: 1 + mean run of right drafts from every answer position):")
     for name, score in report.scores.items():
         print(f"  {name:<24} {score.tau:6.2f}{'   <- fits' if name == report.fits else ''}")
+    if report.engine_fields is not None:
+        print("serving config (dflash/engine_fields.py): " + (
+            "every field vLLM and SGLang read is as they expect" if not report.engine_fields
+            else f"{len(report.engine_fields)} field(s) vLLM or SGLang would read otherwise:"))
+        for problem in report.engine_fields:
+            print(f"  {problem}")
     print(f"verdict: {report.verdict}")
+    if report.engine is not None:
+        print_engine_comparison(report.engine)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -254,6 +476,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--mask-token-ids", type=int_list, default=[],
                         help="more mask tokens to try, e.g. 151669 (always tried: the tokenizer's <|mask|>, the "
                              "first id past the tokenizer, the last embedding row, <|endoftext|>)")
+    parser.add_argument("--engine-acceptance", metavar="FILE",
+                        help="a serving engine's per-position acceptance, pasted as JSON: "
+                             + ENGINE_SHAPES)
     parser.add_argument("--json", help="also write the report to this file")
     add_prompt_options(parser)
     add_device_options(parser)
@@ -263,16 +488,29 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args) -> int:
     if args.json:
         check_output(Path(args.json), "--json")  # not only after the whole check has run
+    engine = None  # read before any model loads: a bad file costs nothing
+    if args.engine_acceptance:
+        engine = read_engine_acceptance(Path(args.engine_acceptance))
     device = pick_device(args.device)
     target = Qwen3.from_pretrained(args.model, device=device, dtype=pick_dtype(args.dtype, device))
     check_token_ids(args.mask_token_ids, target.config.vocab_size, "--mask-token-ids")
     drafter = Drafter.from_pretrained(args.draft, target, device=device, dtype=target.embed_tokens.weight.dtype)
+    drafted = drafter.config.block_size - 1
+    if engine and len(engine.cumulative) > drafted:
+        raise UsageError(f"--engine-acceptance {args.engine_acceptance}: {len(engine.cumulative)} "
+                         f"positions, but this drafter drafts {drafted} tokens a step: is it this "
+                         f"drafter's figure?")
     tokenizer = find_tokenizer(Path(args.model))
     prompts = [encode_for_generation(prompt, tokenizer, args.chat, args.thinking, args.token_healing)
                for prompt in read_prompts(Path(args.prompts))]
     report = check_drafter(target, drafter, prompts, args.max_new_tokens, stop_token_ids(args.model, tokenizer),
                            candidate_mask_tokens(target, tokenizer, args.mask_token_ids),
                            training_log_claim(Path(args.draft)))
+    report.engine_fields = engine_field_problems(read_json(Path(args.draft) / "config.json"),
+                                                 read_json(Path(args.model) / "config.json"))
+    if engine:
+        report.engine = compare_with_engine(engine, report.claimed,
+                                            report.served_acceptance_per_slot)
     print_report(report)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

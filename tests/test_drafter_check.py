@@ -7,6 +7,7 @@ fine-tuned for a few steps with train.py's labels moved one position right (slot
 shift applied to a block), which turns it into a drafter that really was trained that way.
 """
 
+import json
 import sys
 from pathlib import Path
 
@@ -96,11 +97,21 @@ def test_labels_shifted_by_one_slot_are_named(served, tmp_path, monkeypatch, ans
 def test_the_command_line(tmp_path, capsys):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text((ROOT / "weights" / "heldout_problems.jsonl").read_text().splitlines()[0] + "\n")
+    # an engine that served the drafter as its log predicts (vLLM's per-position rates)
+    claimed = drafter_check.training_log_claim(DRAFTER)
+    engine = tmp_path / "engine.json"
+    engine.write_text(json.dumps(drafter_check.running_product(claimed["slot_accuracy"])))
     argv = ["--model", str(TARGET), "--draft", str(DRAFTER), "--prompts", str(prompts), "--max-new-tokens", "16",
-            "--device", "cpu", "--json", str(tmp_path / "report.json")]
+            "--device", "cpu", "--json", str(tmp_path / "report.json"),
+            "--engine-acceptance", str(engine)]
     assert drafter_check.main(argv) == 0
     out = capsys.readouterr().out
     assert "training log, step 1250" in out and "verdict: no convention error" in out
-    assert (tmp_path / "report.json").is_file()
+    assert "serving config (dflash/engine_fields.py): every field vLLM and SGLang read" in out
+    assert "verdict (engine): no gap" in out
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["engine_fields"] == [] and report["engine"]["parts_at"] is None
+    argv.remove("--engine-acceptance")
+    argv.remove(str(engine))
     argv[argv.index(str(DRAFTER))] = str(ROOT / "tests" / "fixtures" / "dflash-tiny")  # made for another target
     assert "does not fit the target's hidden_size=128" in one_error_line(capsys, argv, drafter_check.main)
