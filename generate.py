@@ -225,13 +225,15 @@ class ModelRunner:
         return logits
 
     def verify(self, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The token the target picks after each slot of [last token, drafts] (block,), its argmax,
-        and its features (1, block, F). The block is written after the committed tokens."""
-        self.block_ids[0, 1:] = drafts
-        positions = self.block_offsets + self.target_cache.length  # (block,)
+        """The token the target picks after each slot of [last token, drafts] (n,), its argmax,
+        and its features (1, n, F). The slots are written after the committed tokens. n is the
+        block, or less when given fewer drafts (benchmarks/verify_what_pays.py)."""
+        n = len(drafts) + 1
+        self.block_ids[0, 1:n] = drafts
+        positions = self.block_offsets[:n] + self.target_cache.length  # (n,)
         logits, features = self.run("verify", self.target_cache, self.target, self.target_cache,
-                                    self.block_ids, positions, self.layer_ids)
-        return self.target_tokens.copy_(argmax(logits)), self.features.copy_(features)
+                                    self.block_ids[:, :n], positions, self.layer_ids)
+        return self.target_tokens[:n].copy_(argmax(logits)), self.features[:, :n].copy_(features)
 
     def verify_sampled(self, drafts: torch.Tensor, draft_probs: torch.Tensor | None,
                        sampling: Sampling, generator: torch.Generator | None
@@ -393,9 +395,9 @@ def generate_dflash(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int],
         target_tokens, features = (runner.verify(drafts) if greedy else
                                    runner.verify_sampled(drafts, draft_probs, sampling, generator))
         both = torch.cat([drafts, target_tokens]).tolist()  # the one host sync of the step
-        drafts, target_tokens = both[:block_size - 1], both[block_size - 1:]
+        drafts, target_tokens = both[:len(drafts)], both[len(drafts):]
         accepted = 0  # drafts kept: those before the first the target disagrees with
-        while accepted < block_size - 1 and drafts[accepted] == target_tokens[accepted]:
+        while accepted < len(drafts) and drafts[accepted] == target_tokens[accepted]:
             accepted += 1
         features = runner.commit(accepted + 1)  # `last` and the kept drafts; their features
         output.commit(target_tokens[:accepted + 1], drafted=accepted)  # drafts, then the target's
