@@ -1,5 +1,5 @@
-"""Does the demo keep its speed beside a busy neighbour? generate.py as a newcomer runs it, quiet and
-with cores kept busy by other processes.
+"""Does the demo keep its speed beside a busy neighbour? generate.py as a newcomer runs it, quiet
+and with cores kept busy by other processes.
 
     python benchmarks/busy_neighbour.py
     python benchmarks/busy_neighbour.py --busy 1 --runs 7 --also-threads 2 \\
