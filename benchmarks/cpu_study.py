@@ -161,11 +161,13 @@ def planned_acceptance(p: float, block_size: int) -> Iterator[int]:
             yield min(block_size - 1, int(math.log(u) / math.log(p)))
 
 
-def forced_drafts(runner: generate.ModelRunner, truth: Sequence[int], plan: Iterator[int]):
+def forced_drafts(runner: generate.ModelRunner, truth: Sequence[int], plan: Iterator[int],
+                  foresee: bool = False):
     """`runner`, wrapped so that its drafts are the target's own greedy tokens `truth` (prompt
     included) with one miss per step, after as many right guesses as `plan` says. The real draft
     pass still runs, for its cost and to keep the drafter's cache in step; the runner itself is not
-    changed (`dflash.measure.Wrapped`)."""
+    changed (`dflash.measure.Wrapped`). `foresee`: only the drafts to be kept are offered, so the
+    verify reads no more slots than the step keeps (benchmarks/verify_what_pays.py's bound)."""
     vocab, block = runner.target.config.vocab_size, runner.block_size
     known = torch.tensor(list(truth))
 
@@ -179,7 +181,8 @@ def forced_drafts(runner: generate.ModelRunner, truth: Sequence[int], plan: Iter
             kept = next(plan)
             if kept < block - 1:
                 guesses[kept] = (guesses[kept] + 1) % vocab  # the miss: any token but the target's
-            return certain_logits(guesses, vocab)  # (block - 1, vocab): argmax the guesses
+            offered = guesses[:kept] if foresee else guesses  # the miss, and past it, or not
+            return certain_logits(offered, vocab)  # (offered, vocab): argmax the guesses
 
     return Forced(runner)
 
@@ -240,11 +243,12 @@ def clocked(clock: Callable[[], float], run: Callable[[], object]) -> tuple[obje
 
 def time_loops(target: Qwen3, drafter: Drafter, context: int, new_tokens: int,
                blocks: Sequence[int], p: float, rounds: int, seed: int,
-               clock: Callable[[], float]) -> dict:
+               clock: Callable[[], float], foresee: int | None = None) -> dict:
     """The plain loop and DFlash at each of `blocks` on one random prompt, in turns, the least time
     of `rounds` runs each; DFlash with the forced acceptance (the same per-slot p at every block).
     A prefill, timed on its own, is taken off every loop: the time after the first token is what
-    DFlash changes. Returns the plain loop's tokens/s and, by block, DFlash's figures."""
+    DFlash changes. Returns the plain loop's tokens/s and, by block, DFlash's figures; `foresee`
+    (a block): also that block verifying only the drafts each step keeps."""
     generator = torch.Generator().manual_seed(seed)
     vocab = target.config.vocab_size
     prompt = torch.randint(0, vocab - 1, (context,), generator=generator).tolist()  # no mask token
@@ -262,11 +266,13 @@ def time_loops(target: Qwen3, drafter: Drafter, context: int, new_tokens: int,
         truths[n] = self_consistent_truth(target, drafter, runner, prompt,
                                           prompt + plain_truth.new_ids, limit, plans[n])
 
-        def dflash(runner=runner, n=n):
-            forced = forced_drafts(runner, truths[n][0], plans[n]())
+        def dflash(runner=runner, n=n, foreseeing=False):
+            forced = forced_drafts(runner, truths[n][0], plans[n](), foreseeing)
             return generate.generate_dflash(target, drafter, prompt, new_tokens, runner=forced)
 
         runs[n] = dflash
+        if n == foresee:
+            runs["foreseeing"] = functools.partial(dflash, foreseeing=True)
     seconds, results = {name: float("inf") for name in runs}, {}
     for _ in range(rounds):
         for name, run in runs.items():
@@ -285,20 +291,26 @@ def time_loops(target: Qwen3, drafter: Drafter, context: int, new_tokens: int,
             "steps": fast.steps, "acceptance_lengths": fast.acceptance_lengths,
             "acceptance_as_planned": fast.acceptance_lengths == planned,
             "truth_runs": truths[n][1], "truth_settled": truths[n][2]}
+    seen = {"foreseeing": {"block": foresee,
+                           "dflash_tokens_per_s": (new_tokens - 1) / after_first["foreseeing"],
+                           "over_full_block": after_first[foresee] / after_first["foreseeing"],
+                           "same_output": results["foreseeing"].new_ids == results[foresee].new_ids}
+            } if foresee else {}
     return {"plain_tokens_per_s": (new_tokens - 1) / after_first["plain"],
-            "prefill_ms": 1e3 * seconds["prefill"], "blocks": by_block}
+            "prefill_ms": 1e3 * seconds["prefill"], "blocks": by_block, **seen}
 
 
 def block_sweep(costs: dict, p: float, fitted: bool = False) -> dict[int, float]:
     """Each block n's predicted speedup: its tokens per step under the same per-slot p, times a
-    decode, over its draft and verify: as timed, or (`fitted`) from the fitted lines, which a noisy
-    machine's odd timing does not move. Assumes a slot's acceptance does not depend on the block
-    it is drafted in."""
+    decode, over its draft and verify: as timed, or (`fitted`, every block from 2 up) from the
+    fitted lines, which a noisy machine's odd timing does not move. Assumes a slot's acceptance
+    does not depend on the block it is drafted in."""
     def cost(name: str, n: int) -> float:
         fit = costs[f"{name}_fit_ms"]
         return fit["overhead"] + n * fit["per_token"] if fitted else costs[f"{name}_ms"][n]
 
-    step_ms = {n: cost("draft", n) + cost("verify", n) for n in costs["verify_ms"]}
+    blocks = range(2, max(costs["verify_ms"]) + 1) if fitted else costs["verify_ms"]
+    step_ms = {n: cost("draft", n) + cost("verify", n) for n in blocks}
     return {n: tokens_per_step(geometric(p, n), n) * costs["decode_ms"] / ms
             for n, ms in step_ms.items()}
 
@@ -316,7 +328,7 @@ def study_row(target, drafter, args, shape: str, dtype: str, threads: int, progr
     progress.set_postfix_str(f"{shape} {dtype} {threads} thread(s): the loops")
     blocks = sorted({args.block_size, *args.measure_blocks})
     loops = time_loops(target, drafter, args.context, args.new_tokens, blocks, p, args.rounds,
-                       args.seed, CLOCKS[clock])
+                       args.seed, CLOCKS[clock], args.block_size if args.foresee else None)
     progress.update()
     for n, figures in loops["blocks"].items():  # the cost model at the tokens per step measured
         figures["predicted_speedup"] = figures["tokens_per_step"] * costs["decode_ms"] / (
@@ -332,6 +344,7 @@ def study_row(target, drafter, args, shape: str, dtype: str, threads: int, progr
             "parameters_b": sum(x.numel() for x in target.parameters()) / 1e9, **costs,
             "plain_tokens_per_s": loops["plain_tokens_per_s"], "prefill_ms": loops["prefill_ms"],
             **loops["blocks"][args.block_size], "measured_blocks": loops["blocks"],
+            **{key: loops[key] for key in ("foreseeing",) if key in loops},
             "tau_model": args.tau, "acceptance_per_slot": p,
             "predicted_speedup_at_model_tau": args.tau * costs["decode_ms"] / step_ms,
             "block_sweep": sweep, "best_block": max(sweep, key=sweep.get), **fitted_sweep,
@@ -409,6 +422,10 @@ def markdown(report: dict, block_size: int) -> str:
         lines += [f"| {row['shape']} | {row['dtype']} | {row['threads']} | {n} | "
                   f"{figures['tau']:.2f} | {figures['predicted_speedup']:.2f}x | "
                   f"{figures['measured_speedup']:.2f}x |" for row, n, figures in measured]
+    lines += [f"- {row['shape']} {row['dtype']}, {row['threads']} thread(s): verifying only the "
+              f"drafts each step keeps (foreseeing), block {row['foreseeing']['block']}: "
+              f"{row['foreseeing']['over_full_block']:.2f}x the full block's tokens/s"
+              for row in report["rows"] if "foreseeing" in row]
     lines += [f"- skipped {s['shape']} {s['dtype']}: {s['reason']}" for s in report["skipped"]]
     return "\n".join(lines) + "\n"
 
@@ -462,6 +479,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--measure-blocks", type=listed(block, rule="comma-separated int in 2..16"),
                    default=[], help="also run the DFlash loop at these blocks, to set the sweep's "
                    "predictions beside measurements, e.g. 8,12 (default: --block-size only)")
+    p.add_argument("--foresee", action="store_true",
+                   help="also run --block-size verifying only the drafts each step keeps: the "
+                   "bound of benchmarks/verify_what_pays.py's policy")
     p.add_argument("--clock", choices=["auto", "cpu", "wall"], default="auto",
                    help="what a time is: the process's CPU time or wall time (default auto: CPU "
                    "time for one thread, which a busy neighbour does not inflate; wall for more)")

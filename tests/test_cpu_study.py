@@ -43,7 +43,7 @@ def test_the_study_on_the_tiny_shape(tmp_path, capsys):
     out = tmp_path / "study.json"
     argv = ["--shapes", "tiny", "--dtype", "float32", "--threads", "1", "--tokens", "2,8,16",
             "--context", "16", "--new-tokens", "40", "--rounds", "1", "--pass-rounds", "1",
-            "--pass-repeats", "1", "--measure-blocks", "8", "--json", str(out)]
+            "--pass-repeats", "1", "--measure-blocks", "8", "--foresee", "--json", str(out)]
     assert cpu_study.main(argv) == 0
     report = json.loads(out.read_text())
     assert "| tiny | float32 | 1 (cpu) |" in capsys.readouterr().out  # the Markdown table
@@ -57,8 +57,9 @@ def test_the_study_on_the_tiny_shape(tmp_path, capsys):
     assert (row["shape"], row["dtype"], row["threads"]) == ("tiny", "float32", 1)
     blocks = {"2", "8", "16"}  # JSON keys
     assert set(row["verify_ms"]) == set(row["draft_ms"]) == set(row["block_sweep"]) == blocks
-    assert set(row["block_sweep_fitted"]) == blocks
-    assert row["best_block"] in (2, 8, 16) and row["best_block_fitted"] in (2, 8, 16)
+    assert set(row["block_sweep_fitted"]) == {str(n) for n in range(2, 17)}
+    assert row["best_block"] in (2, 8, 16)  # of those timed
+    assert 2 <= row["best_block_fitted"] <= 16  # of every block the fitted lines predict
     assert row["clock"] == "cpu"  # one thread: the process's CPU time
     costs = [row["decode_ms"], *row["verify_ms"].values(), *row["draft_ms"].values()]
     assert min(costs) > 0
@@ -73,13 +74,15 @@ def test_the_study_on_the_tiny_shape(tmp_path, capsys):
     at_8 = row["measured_blocks"]["8"]
     assert at_8["acceptance_as_planned"] and max(at_8["acceptance_lengths"]) <= 8
     assert at_8["tau"] < row["tau"] and at_8["predicted_speedup"] > 0
+    # --foresee: block 16 offering only the drafts kept gives the same output
+    assert row["foreseeing"]["block"] == 16 and row["foreseeing"]["same_output"]
 
 
 def test_forced_drafts_steer_a_wrapped_runner_and_leave_it_as_it_was():
     target, drafter = cpu_study.random_pair(cpu_study.SHAPES["tiny"], torch.float32, 4)
     runner = cpu_study.generate.ModelRunner(target, drafter, max_length=64, block_size=4)
     truth = list(range(10, 40))
-    runner.prefill(truth[:4], 0.0, None)  # the block opens at position 4, after the committed prompt
+    runner.prefill(truth[:4], 0.0, None)  # the block opens at position 4, after the prompt
     forced = cpu_study.forced_drafts(runner, truth, iter([1]))
     guesses = forced.draft(torch.zeros(1, 4, runner.features.shape[-1]), 14).argmax(dim=-1)
     assert guesses[0] == truth[5] and guesses[2] == truth[7]
