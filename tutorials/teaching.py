@@ -250,6 +250,26 @@ def draw_pass_regimes(tokens: list[int], measured: dict[str, list[float]], fits:
     plt.show()
 
 
+def draw_cpu_regimes(rows: list[dict]):
+    """A verify pass's cost in decode passes against its tokens for real Qwen3 shapes on a CPU
+    (`benchmarks/cpu_study.py`'s rows: measured points and the fitted line, one colour a row)."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 3.8))
+    for row, colour in zip(rows, ("tab:green", "tab:olive", "tab:cyan", "tab:red", "tab:purple")):
+        decode, fit = row["decode_ms"], row["verify_fit_ms"]
+        tokens = sorted(int(n) for n in row["verify_ms"])
+        ax.plot(tokens, [row["verify_ms"][str(n)] / decode for n in tokens], "o", color=colour,
+                label=f"{row['shape']} {row['dtype']}, measured")
+        ax.plot([1, tokens[-1]], [(fit["overhead"] + fit["per_token"] * n) / decode
+                                  for n in (1, tokens[-1])], "--", color=colour)
+    ax.axhline(1, color="grey", lw=0.8)
+    ax.set(xlabel="tokens in one verify pass (n)", ylabel="cost, in decode passes",
+           title="Real Qwen3 shapes on one CPU core: bf16 memory-bound, float32 not")
+    ax.legend(fontsize=8)
+    plt.tight_layout()
+    plt.show()
+
+
 # ------------------------------------------------------------------ notebook 3: KV injection, attention maps
 
 
