@@ -95,7 +95,7 @@ class Foreseeing(Wrapped):
 
 
 def variants(target, drafter, args, costs: dict, auto: int, truths: list[list[int]]):
-    """name -> (a runner maker for prompt i, its runner for the warm-up)."""
+    """name -> a maker of the runner for prompt i; and the policy's runner (it counts choices)."""
     longest = max(map(len, truths)) + 2 * drafter.config.block_size
     block = drafter.config.block_size
 
@@ -103,11 +103,14 @@ def variants(target, drafter, args, costs: dict, auto: int, truths: list[list[in
         return generate.ModelRunner(target, drafter, block_size=n, max_length=longest,
                                     compile=args.compile)
 
-    full, best, pays, seer = runner(block), runner(auto), runner(block), runner(block)
-    paying = VerifyWhatPays(pays, costs, args.lengths)
-    return {f"block {block}": lambda i: full, f"block {auto} (auto)": lambda i: best,
-            "verify what pays": lambda i: paying,
-            "foreseeing bound": lambda i: Foreseeing(seer, truths[i], args.lengths)}, paying
+    full = runner(block)  # shared by the wrappers: every call starts with a prefill
+    paying = VerifyWhatPays(full, costs, args.lengths)
+    makers = {f"block {block}": lambda i: full, "verify what pays": lambda i: paying,
+              "foreseeing bound": lambda i: Foreseeing(full, truths[i], args.lengths)}
+    if auto != block:
+        best = runner(auto)
+        makers[f"block {auto} (auto)"] = lambda i: best
+    return makers, paying
 
 
 def measure(target, drafter, prompts, stops, makers, args, clock) -> dict:
