@@ -46,7 +46,7 @@ def keep_last(out: Path, step: int, keep: int, names: tuple[str, ...]) -> None:
         folder = Path(out) / CHECKPOINTS / f"step-{step:08d}"
         put_in_place(filled_copy(out, names, folder, {}), folder)
     kept = kept_steps(out)
-    for _, folder in kept[:len(kept) - (keep if keep > 1 else 0)]:
+    for _, folder in kept[:max(0, len(kept) - (keep if keep > 1 else 0))]:
         shutil.rmtree(folder)
 
 
