@@ -364,8 +364,9 @@ def log_line(run: Run, bar, evaluating: bool) -> dict:
 
 def train(cfg: TrainConfig, place: Distributed) -> dict:
     """Train (or resume) this process's share; return the last log record. When due: checkpoint,
-    then log (with an evaluation: a failing one never loses the run). Ctrl-C or SIGTERM ends the
-    step, saves, and sets `stopped_by`; a second one during the save waits for its end."""
+    then log (with an evaluation: a failing one never loses the run), then keep the step in best/
+    if its held-out loss is the lowest yet. Ctrl-C or SIGTERM ends the step, saves, and sets
+    `stopped_by`; a second one during the save waits for its end."""
     with owned_run_folder(Path(cfg.out), cfg.resume, cfg.force, RUN_OUTPUTS, place.main):
         run = start_run(cfg, place)
         record, due = {}, None

@@ -479,8 +479,8 @@ class Due(NamedTuple):
 
 def what_is_due(run, signals: Signals, loss: torch.Tensor, gradient_norm: torch.Tensor) -> Due:
     """What `train.py`'s `run` ends its step with, agreed by every process in one collective call:
-    a signal, the clock or the last step stops the run, which then saves; a loss that is not finite stops it before anything is saved, so the
-    last checkpoint stays the last good one."""
+    a signal, the clock or the last step stops the run, which then saves; a loss that is not
+    finite stops it before anything is saved, so the last checkpoint stays the last good one."""
     cfg, step, now = run.cfg, run.step, time.perf_counter()
     signaled, out_of_time, save_by_clock, diverged = run.place.any_of(
         signals.name, cfg.minutes is not None and now - run.began > 60 * cfg.minutes,
