@@ -234,3 +234,18 @@ def test_a_prompt_start_cut_keeps_a_sequence_an_end_cut_would_drop(tmp_path, cap
                            "--cut", "prompt-start")) == 0
     assert "--cut prompt-start): 12 tokens left out, 0 of them answer tokens" in \
         capsys.readouterr().err
+
+
+def test_auto_resume_resumes_from_a_kept_checkpoint_alone(tmp_path):
+    """--auto-resume resumes where a complete checkpoint is kept, even with none in --out itself
+    (removed by hand), and starts over where only a `.partial` one is."""
+    config = train.TrainConfig(target=str(TINY), data="data.jsonl", out=str(tmp_path),
+                               auto_resume=True)
+    kept = tmp_path / CHECKPOINTS / "step-00000004.partial"
+    kept.mkdir(parents=True)
+    (kept / "training_state.pt").write_bytes(b"")
+    started = train.starting_or_resuming(config)
+    assert (started.resume, started.force) == (False, True)
+    kept.rename(tmp_path / CHECKPOINTS / "step-00000004")
+    resumed = train.starting_or_resuming(config)
+    assert (resumed.resume, resumed.force) == (True, False)
