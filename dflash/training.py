@@ -578,7 +578,11 @@ def write_log(log_path: Path, record: dict, bar, tokens_per_second: float) -> No
     shown = {"loss": f"{record['loss']:.3f}", "acc1": f"{accuracy[0]:.2f}",
              "acc_mean": f"{sum(accuracy) / len(accuracy):.2f}", "tau~": f"{record['tau_estimate']:.2f}",
              "tok/s": f"{tokens_per_second:.0f}"}
-    bar.set_postfix({**shown, "eval_tau": f"{record['eval_tau']:.2f}"} if record.get("eval_tau") else shown)
+    if record.get("eval_tau"):
+        shown["eval_tau"] = f"{record['eval_tau']:.2f}"
+    if "heldout_loss" in record:
+        shown["heldout_loss"] = f"{record['heldout_loss']:.3f}"
+    bar.set_postfix(shown)
 
 
 def cosine_with_warmup(step: int, total_steps: int, warmup: float) -> float:
