@@ -78,7 +78,13 @@ def make_data(args: argparse.Namespace) -> int:
     if args.max_new_tokens >= context:
         raise UsageError(f"--max-new-tokens {args.max_new_tokens} leaves no room for a prompt in the target's "
                          f"context of {context} positions (max_position_embeddings)")
-    prompts = [(ids[-(context - args.max_new_tokens):], choices) for ids, choices in prompts]  # the last tokens fit
+    room = context - args.max_new_tokens
+    cut = [len(ids) - room for ids, _ in prompts if len(ids) > room]
+    if cut:  # never silently: the answer then follows a prompt without its start
+        print(f"note: {len(cut)} prompt(s) longer than {room} tokens (the target's {context} "
+              f"positions less --max-new-tokens) keep their last {room}: {sum(cut)} tokens left "
+              f"out", file=sys.stderr)
+    prompts = [(ids[-room:], choices) for ids, choices in prompts]  # the last tokens fit
     stop_ids = stop_token_ids(tokenizer_folder, tokenizer)
     strangers = sorted(i for i in done if not 0 <= i < len(prompts))
     if strangers:

@@ -26,7 +26,7 @@ from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
 from dflash.cli import UsageError, pick_dtype, run_cli
-from dflash.data import Sequences, cut_note, load_sequences
+from dflash.data import Sequences, cut_note, load_sequences, split_heldout
 from dflash.drafter import DrafterConfig
 from dflash.evaluation import evaluate, held_out
 from dflash.qwen3 import Qwen3, masked
@@ -35,12 +35,13 @@ from dflash.train_config import (  # noqa: F401 (DEFAULT_*, build_drafter_config
     DEFAULT_BLOCK_SIZE, DEFAULT_DRAFTER_LAYERS, MAY_CHANGE_ON_RESUME, TrainConfig, build_parser,
     build_drafter_config, check_sizes, save_dtype, starting_drafter, starting_or_resuming)
 from dflash.train_kernels import AnchoredBlocks, chunked_lm_head_loss
-from dflash.training import (LOG_FILE, STATE_FILE, Distributed, LogTally, Signals,
+from dflash.training import (LOG_FILE, RUN_OUTPUTS, Distributed, LogTally, Signals,
                              anchor_generator, apply_gradients, cosine_with_warmup,
                              distributed_run, freeze, full_weights, global_batch_items,
-                             gradient_sync, init_weights as init_drafter, owned_run_folder, resume,
-                             save_checkpoint, share_of_batch, steps_per_epoch,
-                             wrap_for_training, write_log)
+                             gradient_sync, heldout_shares, init_weights as init_drafter,
+                             keep_if_best, owned_run_folder, resume, save_checkpoint,
+                             share_of_batch, steps_per_epoch, what_is_due, wrap_for_training,
+                             write_log)
 
 IGNORE = -100  # cross_entropy's ignore_index: this slot has no label
 
@@ -144,15 +145,18 @@ def micro_batches(data: Sequences, step: int, global_batch: int, cfg: TrainConfi
     """This process's micro-batches of `step`, anchored. Which sequences, and where their blocks
     start, depend on the global batch (size, seed, step), not on how processes share it out."""
     epoch, items = global_batch_items(len(data.starts), global_batch, step, cfg.seed)
-    batches = []
-    for indices in share_of_batch(items, place, cfg.grad_accum):
-        rows = [slice(data.starts[i], data.starts[i] + data.lengths[i]) for i in indices]
-        sequences = [(data.tokens[row], data.loss_mask[row]) for row in rows]  # read from disk here
-        input_ids, loss_mask = collate(sequences, place.device)  # (batch, S)
-        generators = [anchor_generator(cfg.seed, epoch, i) for i in indices]
-        anchors, real = batch_anchors(loss_mask, cfg.num_anchors, generators)  # (batch, K) each
-        batches.append(MicroBatch(input_ids, loss_mask, anchors, real))
-    return batches
+    return [micro_batch(data, indices, epoch, cfg, place.device)
+            for indices in share_of_batch(items, place, cfg.grad_accum)]
+
+
+def micro_batch(data: Sequences, indices: list[int], epoch: int, cfg: TrainConfig, device):
+    """Sequences `indices` of `data`, with their anchors of `epoch`: a MicroBatch."""
+    rows = [slice(data.starts[i], data.starts[i] + data.lengths[i]) for i in indices]
+    sequences = [(data.tokens[row], data.loss_mask[row]) for row in rows]  # read from disk here
+    input_ids, loss_mask = collate(sequences, device)  # (batch, S)
+    generators = [anchor_generator(cfg.seed, epoch, i) for i in indices]
+    anchors, real = batch_anchors(loss_mask, cfg.num_anchors, generators)  # (batch, K) each
+    return MicroBatch(input_ids, loss_mask, anchors, real)
 
 
 def step_weight(batches: list[MicroBatch], weights: torch.Tensor, place: Distributed):
@@ -221,7 +225,8 @@ class Run:
     total_steps: int
     last_step: int  # --stop-at ends this job early
     tally: LogTally  # what the next log line reports
-    heldout: list = field(default_factory=list)  # prompts and the target's answers (evaluation.py)
+    continuations: list = field(default_factory=list)  # --eval-prompts' (evaluation.py)
+    heldout: Sequences | None = None  # --heldout's sequences, never trained on
     step: int = 0
     saved_step: int | None = None  # the newest complete checkpoint's
     elapsed_before: float = 0.0  # seconds trained before this job (a resume)
@@ -244,9 +249,10 @@ def start_run(cfg: TrainConfig, place: Distributed) -> Run:
     drafter = starting_drafter(cfg, target, tokenizer)
     limit = min(cfg.max_seq_len, target.config.max_position_embeddings)  # no position it lacks
     sequences = load_sequences(Path(cfg.data), limit, target.config.vocab_size,
-                               target_config=Path(cfg.target) / "config.json")
+                               target_config=Path(cfg.target) / "config.json", cut=cfg.cut)
     if sequences.cut and place.main:
-        print(cut_note(sequences, limit, cfg.max_seq_len), file=sys.stderr)
+        print(cut_note(sequences, limit, cfg.max_seq_len, cfg.cut), file=sys.stderr)
+    sequences, heldout = split_heldout(sequences, cfg.heldout)
     check_sizes(cfg, drafter.config, target.config, sequences, device)
     drafter.recompute_layers = not cfg.keep_activations
     model = wrap_for_training(drafter.to(device).train(), place, cfg.fsdp)
@@ -262,36 +268,61 @@ def start_run(cfg: TrainConfig, place: Distributed) -> Run:
              "global_batch": global_batch, "save_dtype": save_dtype(cfg, target.head_weight.dtype)}
     run = Run(cfg, place, target, model, drafter.config, optimizer, scheduler, sequences, weights,
               saved, global_batch, total_steps, min(total_steps, cfg.stop_at or total_steps),
-              LogTally.zeros(block_size, device))
+              LogTally.zeros(block_size, device), heldout=heldout)
     if cfg.resume:
         run.step, run.elapsed_before = resume(Path(cfg.out), saved, model, optimizer, scheduler,
                                               place, may_change=MAY_CHANGE_ON_RESUME)
         run.saved_step = run.step
     if cfg.eval_prompts:  # checked before the first step: an evaluation never fails late
         stops = stop_token_ids(Path(cfg.tokenizer or cfg.target), tokenizer)
-        run.heldout = held_out(Path(cfg.eval_prompts), target, drafter, tokenizer, stop_ids=stops,
-                               max_new_tokens=cfg.eval_max_new_tokens,
-                               token_healing=not cfg.no_token_healing, place=place)
+        run.continuations = held_out(Path(cfg.eval_prompts), target, drafter, tokenizer,
+                                     stop_ids=stops, max_new_tokens=cfg.eval_max_new_tokens,
+                                     token_healing=not cfg.no_token_healing, place=place)
     run.began = run.last_save = time.perf_counter()
     return run
+
+
+def batch_loss(run: Run, batch: MicroBatch, weight_total: torch.Tensor):
+    """The target's features, then `drafter_loss`: what a step, and the held-out split, compute."""
+    cfg, config = run.cfg, run.config
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=run.place.device.type == "cuda"):
+        features = target_features(run.target, batch.input_ids, config)  # (batch, S, F)
+        return drafter_loss(run.target, run.model, features, batch, config=config,
+                            weights=run.weights, weight_total=weight_total,
+                            loss_chunk_size=cfg.loss_chunk_size,
+                            dense_attention=cfg.dense_attention)
+
+
+@torch.no_grad()
+def heldout_figures(run: Run) -> dict:
+    """The training loss and per-slot accuracy on --heldout's sequences, anchored alike at every
+    evaluation. A collective call: each process runs as many forwards, the one with no sequence
+    left a stand-in that counts nothing (a batch whose blocks are all padding)."""
+    shares = heldout_shares(len(run.heldout.starts), run.cfg.batch_size, run.place)
+    batches = [micro_batch(run.heldout, share or [0], 0, run.cfg, run.place.device)
+               for share in shares]  # [0]: a stand-in, its blocks then made padding
+    batches = [batch if share else batch._replace(real=torch.zeros_like(batch.real))
+               for share, batch in zip(shares, batches)]
+    weight_total = step_weight(batches, run.weights, run.place)
+    tally = LogTally.zeros(run.config.block_size, run.place.device)
+    for batch in batches:
+        tally.add(*batch_loss(run, batch, weight_total))
+    tally.end_step(torch.zeros((), device=run.place.device))
+    figures = tally.pooled(run.place)
+    return {"heldout_loss": figures["loss"], "heldout_slot_accuracy": figures["slot_accuracy"]}
 
 
 def train_step(run: Run) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer step on the global batch: batch (with its anchors) -> target features ->
     loss -> step. The anchors come with the batch: the step's loss is a mean over the labelled
     slots of every micro-batch, known before the first forward. Returns (loss, gradient norm)."""
-    cfg, place, config = run.cfg, run.place, run.config
+    cfg, place = run.cfg, run.place
     batches = micro_batches(run.sequences, run.step, run.global_batch, cfg, place)
     weight_total = step_weight(batches, run.weights, place)
     step_loss = torch.zeros((), device=place.device)
     for number, batch in enumerate(batches, start=1):
         with gradient_sync(run.model, enabled=number == len(batches)):  # reduce once, the sum
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=place.device.type == "cuda"):
-                features = target_features(run.target, batch.input_ids, config)  # (batch, S, F)
-                loss, correct, counted = drafter_loss(
-                    run.target, run.model, features, batch, config=config, weights=run.weights,
-                    weight_total=weight_total, loss_chunk_size=cfg.loss_chunk_size,
-                    dense_attention=cfg.dense_attention)
+            loss, correct, counted = batch_loss(run, batch, weight_total)
             (loss * place.world).backward()  # DDP and FSDP average over processes: we want the sum
         run.tally.add(loss, correct, counted)
         run.tokens_seen += batch.input_ids.numel()
@@ -303,37 +334,10 @@ def train_step(run: Run) -> tuple[torch.Tensor, torch.Tensor]:
     return step_loss, gradient_norm
 
 
-class Due(NamedTuple):
-    """What a step ends with."""
-    stop: bool
-    signaled: bool  # stopped by a signal (this process's or another's)
-    save: bool
-    log: bool
-    evaluate: bool
-
-
-def what_is_due(run: Run, signals: Signals, loss: torch.Tensor, gradient_norm: torch.Tensor) -> Due:
-    """Agreed by every process in one collective call: a signal, the clock or the last step stops
-    the run, which then saves; a loss that is not finite stops it before anything is saved, so the
-    last checkpoint stays the last good one."""
-    cfg, step, now = run.cfg, run.step, time.perf_counter()
-    signaled, out_of_time, save_by_clock, diverged = run.place.any_of(
-        signals.name, cfg.minutes is not None and now - run.began > 60 * cfg.minutes,
-        0 < cfg.save_every_minutes and now - run.last_save >= 60 * cfg.save_every_minutes,
-        not (torch.isfinite(loss) & torch.isfinite(gradient_norm)))
-    if diverged:
-        raise UsageError(f"step {step}: the loss or its gradient is not finite (loss "
-                         f"{loss.item():g}, gradient norm {gradient_norm.item():g}); stopped "
-                         f"without saving (try a lower --lr)")
-    stop = step >= run.last_step or out_of_time or signaled
-    evaluating = bool(cfg.eval_prompts) and not signaled and (
-        step == run.total_steps or (cfg.eval_every > 0 and step % cfg.eval_every == 0))
-    save = stop or save_by_clock or (cfg.save_every > 0 and step % cfg.save_every == 0)
-    return Due(stop, signaled, save, step % cfg.log_every == 0 or stop or evaluating, evaluating)
-
-
 def checkpoint(run: Run) -> None:
-    """Save the run as it stands at this step (a collective call)."""
+    """Save the run as it stands at this step, unless saved already (a collective call)."""
+    if run.saved_step == run.step:
+        return
     state = {**run.saved, "step": run.step, "elapsed": run.elapsed()}
     save_checkpoint(Path(run.cfg.out), run.model, run.optimizer, run.scheduler, run.place, state,
                     previous=run.saved_step)
@@ -346,9 +350,11 @@ def log_line(run: Run, bar, evaluating: bool) -> dict:
     record = {"step": run.step, "sequences": run.step * run.global_batch,
               **run.tally.pooled(run.place), "lr": run.scheduler.get_last_lr()[0],
               "elapsed": round(run.elapsed(), 2)}
-    if evaluating:
+    if evaluating and run.cfg.eval_prompts:
         weights = full_weights(run.model, run.cfg.fsdp)  # gathered from FSDP2's shards
-        record.update(evaluate(run.target, run.config, weights, run.heldout, run.place))
+        record.update(evaluate(run.target, run.config, weights, run.continuations, run.place))
+    if evaluating and run.heldout is not None:
+        record.update(heldout_figures(run))
     if run.place.main:
         seconds = max(run.elapsed() - run.elapsed_before, 1e-9)
         write_log(Path(run.cfg.out) / LOG_FILE, record, bar,
@@ -358,10 +364,10 @@ def log_line(run: Run, bar, evaluating: bool) -> dict:
 
 def train(cfg: TrainConfig, place: Distributed) -> dict:
     """Train (or resume) this process's share; return the last log record. When due: checkpoint,
-    then log (with an evaluation: a failing one never loses the run). Ctrl-C or SIGTERM ends the
-    step, saves, and sets `stopped_by`; a second one during the save waits for its end."""
-    outputs = (LOG_FILE, STATE_FILE, "model.safetensors", "config.json")
-    with owned_run_folder(Path(cfg.out), cfg.resume, cfg.force, outputs, place.main):
+    then log (with an evaluation: a failing one never loses the run), then keep the step in best/
+    if its held-out loss is the lowest yet. Ctrl-C or SIGTERM ends the step, saves, and sets
+    `stopped_by`; a second one during the save waits for its end."""
+    with owned_run_folder(Path(cfg.out), cfg.resume, cfg.force, RUN_OUTPUTS, place.main):
         run = start_run(cfg, place)
         record, due = {}, None
         with Signals() as signals, tqdm(total=run.total_steps, initial=run.step, unit="step",
@@ -375,6 +381,10 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
                         checkpoint(run)
                 if due.log:
                     record = log_line(run, bar, evaluating=due.evaluate)
+                if "heldout_loss" in record and due.evaluate:  # the lowest yet: kept in best/
+                    with signals.deferred():
+                        keep_if_best(Path(cfg.out), record["heldout_loss"], run.step, place,
+                                     save=lambda: checkpoint(run))
                 if due.stop:
                     break
     if due is not None and due.signaled:

@@ -94,6 +94,11 @@ class Sequences(NamedTuple):
     sha256: str  # the data's content hash: what a resume compares
     cut: int  # sequences longer than the limit, cut to it
     tokens_dropped: int  # what the cuts removed
+    answer_tokens_dropped: int = 0  # of them, the answers' (labels the drafter never sees)
+    dropped: int = 0  # sequences where no block can start (before or after the cut): left out
+
+
+CUTS = ("answer-end", "prompt-start")  # --cut: which end of a too-long sequence goes
 
 
 def first_anchor(mask: Sequence[int]) -> int:
@@ -104,24 +109,53 @@ def first_anchor(mask: Sequence[int]) -> int:
 
 
 def load_sequences(path: Path, max_seq_len: int, vocab_size: int,
-                   target_config: Path | None = None) -> Sequences:
-    """The data for training, cut to max_seq_len (the answer's end goes first); a sequence where
-    no block can start (`train.valid_anchor_positions`) is dropped. A packed folder (`pack`) is
-    memory-mapped, read only where a batch reads; a JSONL file is read whole into flat arrays. A
-    packed folder made for another target (`target_config`, its config.json) is refused."""
+                   target_config: Path | None = None, cut: str = "answer-end") -> Sequences:
+    """The data for training, cut to max_seq_len (`cut`: the answer's end goes, or the prompt's
+    start, up to the first anchor, then the end); a sequence where no block can start
+    (`train.valid_anchor_positions`) is dropped. A packed folder (`pack`) is memory-mapped, read
+    only where a batch reads; a JSONL file is read whole into flat arrays. A packed folder made
+    for another target (`target_config`, its config.json) is refused."""
     packed = open_packed(path, vocab_size, target_config) if Path(path).is_dir() \
         else read_jsonl(path, vocab_size)
     arrays, sha256 = packed
-    offsets = arrays["offsets"]
-    lengths = np.diff(offsets)  # (n,)
-    kept = (arrays["first_anchor"] >= 0) & (arrays["first_anchor"] + 1 < max_seq_len)
+    offsets, first = arrays["offsets"], arrays["first_anchor"]
+    whole_starts, whole_lengths = offsets[:-1], np.diff(offsets)  # (n,) each
+    excess = np.maximum(whole_lengths - max_seq_len, 0)  # (n,)
+    # tokens before the first anchor are never a label: the prompt's start may go, up to there
+    shift = np.minimum(excess, np.maximum(first, 0)) if cut == "prompt-start" \
+        else np.zeros_like(excess)
+    starts, first = whole_starts + shift, first - shift  # (n,) each
+    lengths = np.minimum(whole_lengths - shift, max_seq_len)  # (n,)
+    kept = (first >= 0) & (first + 1 < lengths)
     if not kept.any():
         raise UsageError(f"{path}: the dataset yields no valid block (no two answer tokens in a "
                          f"row within --max-seq-len {max_seq_len})")
-    too_long = lengths > max_seq_len
-    return Sequences(arrays["tokens"], arrays["loss_mask"], offsets[:-1][kept],
-                     np.minimum(lengths, max_seq_len)[kept], sha256, int(too_long.sum()),
-                     int((lengths[too_long] - max_seq_len).sum()))
+    too_long = np.flatnonzero(excess)  # the sequences cut
+    answer_dropped = sum(int(arrays["loss_mask"][begin:end].sum())  # reads the cut parts only
+                         for i in too_long.tolist()
+                         for begin, end in ((whole_starts[i], starts[i]),
+                                            (starts[i] + lengths[i], offsets[i + 1])))
+    return Sequences(arrays["tokens"], arrays["loss_mask"], starts[kept], lengths[kept], sha256,
+                     len(too_long), int(excess.sum()), answer_dropped, int((~kept).sum()))
+
+
+def split_heldout(sequences: Sequences, count: int) -> tuple[Sequences, Sequences | None]:
+    """(what trains, `count` sequences held out or None): the held-out ones are a fixed draw
+    (seed 0, not --seed) among the sequences kept, so the same data and limits hold out the same
+    sequences whatever the run, and the same under any number of processes."""
+    if count == 0:
+        return sequences, None
+    total = len(sequences.starts)
+    if count >= total:
+        raise UsageError(f"--heldout {count}: the data has only {total} usable sequences, and "
+                         f"some must be left to train on")
+    held = np.zeros(total, dtype=bool)
+    held[np.random.default_rng(0).choice(total, count, replace=False)] = True
+
+    def part(rows: np.ndarray) -> Sequences:
+        return sequences._replace(starts=sequences.starts[rows], lengths=sequences.lengths[rows])
+
+    return part(~held), part(held)
 
 
 def read_jsonl(path: Path, vocab_size: int) -> tuple[dict, str]:
@@ -221,13 +255,17 @@ def open_packed(folder: Path, vocab_size: int, target_config: Path | None) -> tu
     return arrays, manifest["sha256"]
 
 
-def cut_note(sequences: Sequences, limit: int, max_seq_len: int) -> str:
+def cut_note(sequences: Sequences, limit: int, max_seq_len: int, cut: str) -> str:
     """The line that says what a cut left out, and why: --max-seq-len, or the target's positions
     (a drafter trained past them would learn positions the target never had)."""
     why = "--max-seq-len" if limit == max_seq_len else \
         f"the target's max_position_embeddings, below --max-seq-len {max_seq_len}"
-    return (f"note: {sequences.cut} sequence(s) longer than {limit} tokens ({why}) were cut at the "
-            f"end: {sequences.tokens_dropped} tokens left out")
+    where = "at the end" if cut == "answer-end" else "at the prompt's start (then the end)"
+    dropped = f"; {sequences.dropped} sequence(s) with no block left out" if sequences.dropped \
+        else ""
+    return (f"note: {sequences.cut} sequence(s) longer than {limit} tokens ({why}) were cut "
+            f"{where} (--cut {cut}): {sequences.tokens_dropped} tokens left out, "
+            f"{sequences.answer_tokens_dropped} of them answer tokens{dropped}")
 
 
 def checked_record(record, where: str, vocab_size: int) -> tuple[list[int], list[int]]:

@@ -12,7 +12,9 @@ import torch
 
 from dflash.cli import (HelpWithDefaults, OneLineErrors, UsageError, add_device_options, checked,
                         int_list, positive, positive_int)
+from dflash.data import CUTS
 from dflash.drafter import Drafter, DrafterConfig, check_fits, default_target_layer_ids
+from dflash.kept_checkpoints import training_states
 from dflash.prompts import PROMPT_FORMAT
 from dflash.qwen3 import Qwen3, Qwen3Config
 from dflash.training import STATE_FILE, init_weights, memory_of
@@ -24,7 +26,7 @@ DEFAULT_DRAFTER_LAYERS, DEFAULT_BLOCK_SIZE = 5, 16  # a new drafter's; --init-fr
 MAY_CHANGE_ON_RESUME = ("resume", "force", "minutes", "stop_at", "eval_prompts", "eval_every",
                         "eval_max_new_tokens", "save_every", "save_every_minutes", "log_every",
                         "device", "out", "data", "auto_resume", "batch_size", "grad_accum",
-                        "save_dtype", "threads")
+                        "save_dtype", "threads", "keep")
 
 
 @dataclass
@@ -50,6 +52,8 @@ class TrainConfig:
     batch_size: int = 4
     grad_accum: int = 1
     max_seq_len: int = 3072
+    cut: str = "answer-end"  # which end of a longer sequence goes: or "prompt-start"
+    heldout: int = 0  # sequences set aside (a fixed draw), never trained on: held-out loss
     lr: float = 6e-4
     warmup: float = 0.04
     grad_clip: float = 1.0
@@ -68,6 +72,7 @@ class TrainConfig:
     eval_max_new_tokens: int = 128
     no_token_healing: bool = False
     save_every: int = 0
+    keep: int = 1  # checkpoints kept: the newest in --out, and the last `keep` in checkpoints/
     save_every_minutes: float = 10.0
     log_every: int = 10
     minutes: float | None = None
@@ -94,7 +99,7 @@ def starting_or_resuming(cfg: TrainConfig) -> TrainConfig:
     what a run left before its first save), so that one command starts and restarts a run."""
     if not cfg.auto_resume:
         return cfg
-    resumable = (Path(cfg.out) / STATE_FILE).is_file()
+    resumable = bool(training_states(Path(cfg.out), STATE_FILE))
     return replace(cfg, resume=resumable, force=not resumable)
 
 
@@ -240,6 +245,11 @@ def build_parser() -> argparse.ArgumentParser:
         "on batch-size x processes x grad-accum sequences")
     add("--max-seq-len", type=positive_int, help="longer sequences are cut, and so are those "
         "longer than the target's positions (said when it happens)")
+    add("--cut", choices=CUTS, help="what a cut removes: the answer's end, or the prompt's start "
+        "(then, if still too long, the end) so that the answer's tokens are kept")
+    add("--heldout", type=zero_or_more, help="sequences set aside, never trained on (the same "
+        "ones for the same data and limits): each evaluation logs their loss and per-slot accuracy "
+        "(heldout_loss, heldout_slot_accuracy), and best/ keeps the checkpoint of the lowest loss")
     add("--lr", type=positive, help="peak learning rate (AdamW)")
     add("--warmup", type=checked(float, "in [0, 1]", lambda x: 0 <= x <= 1),
         help="fraction of the steps warming up, then cosine down to 0")
@@ -258,12 +268,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="attend under a dense mask, not skipping masked blocks")
     add("--eval-prompts", help="held-out prompt file: tau and per-slot acceptance as greedy DFlash "
                                "serves them (on the target's greedy answers, made at the start)")
-    add("--eval-every", type=zero_or_more, help="steps between evaluations (0: only at the end)")
+    add("--eval-every", type=zero_or_more, help="steps between evaluations (--eval-prompts, "
+        "--heldout; 0: only at the end)")
     add("--eval-max-new-tokens", type=positive_int, help="tokens decoded per held-out prompt")
     add("--no-token-healing", action="store_true",
         help="evaluate raw-text prompts unhealed (as the data was made)")
     add("--save-every", type=zero_or_more,
         help="steps between checkpoints (0: at the end and by the clock)")
+    add("--keep", type=positive_int, help="checkpoints kept: the newest in --out and, past 1, the "
+        "last KEEP in --out/checkpoints/step-N (older ones deleted once a new one is complete)")
     add("--save-every-minutes", type=checked(float, "0 or more", lambda x: x >= 0),
         help="also checkpoint when this many minutes have passed since the last one (0: off)")
     add("--log-every", type=positive_int, help="steps between log lines")

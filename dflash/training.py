@@ -7,13 +7,16 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import signal
 import socket
+import sys
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import numpy as np
 import torch
@@ -22,9 +25,13 @@ from torch import nn
 
 from dflash.checkpoint import parse_json, read_text, remove_partial_writes, save_tensors, write_atomically
 from dflash.cli import UsageError, check_output, pick_device
+from dflash.kept_checkpoints import (BEST, CHECKPOINTS, best_loss, keep_best, keep_last,
+                                     remove_unfinished, training_states)
 
 STATE_FILE, LOG_FILE = "training_state.pt", "train_log.jsonl"  # in a run's folder, beside the drafter it trains
 LOCK_FILE = "train.lock"  # while a run owns its folder: "host pid"
+CHECKPOINT_FILES = (STATE_FILE, "model.safetensors", "config.json")  # one checkpoint, whole
+RUN_OUTPUTS = (LOG_FILE, *CHECKPOINT_FILES, CHECKPOINTS, BEST)  # what --force removes
 
 
 @dataclass
@@ -82,6 +89,29 @@ def global_batch_items(num_items: int, global_batch: int, step: int, seed: int) 
     epoch, index = divmod(step, steps_per_epoch(num_items, global_batch))
     order = torch.randperm(num_items, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
     return epoch, [order[position % num_items] for position in range(index * global_batch, (index + 1) * global_batch)]
+
+
+def heldout_shares(count: int, batch_size: int, place: Distributed) -> list[list[int]]:
+    """This process's batches of the `count` held-out items, every `world`-th: as many batches on
+    every process (FSDP2 gathers the weights in each forward), an empty one where it has no item
+    left."""
+    mine = list(range(place.rank, count, place.world))
+    batches = math.ceil(math.ceil(count / place.world) / batch_size)
+    return [mine[number * batch_size:(number + 1) * batch_size] for number in range(batches)]
+
+
+def keep_if_best(out: Path, loss: float, step: int, place: Distributed,
+                 save: Callable[[], None]) -> bool:
+    """Keep step `step`'s checkpoint in best/ if its held-out `loss` is the lowest yet, after
+    `save` has made sure there is one of this step. A collective call: every process agrees (the
+    main one reads best/), and saves with the others."""
+    lowest = best_loss(out) if place.main else None
+    best, = place.any_of(place.main and (lowest is None or loss < lowest))
+    if best:
+        save()
+        if place.main:
+            keep_best(out, step, loss, CHECKPOINT_FILES)
+    return best
 
 
 def share_of_batch(items: list[int], place: Distributed, micro_batches: int) -> list[list[int]]:
@@ -209,6 +239,11 @@ def save_checkpoint(out: Path, model: nn.Module, optimizer, scheduler, place: Di
         raise UsageError(f"saving step {step}'s drafter failed ({failure(err)}): its training "
                          f"state is complete; free some space, then run the same command with "
                          f"--resume (model.safetensors is written again)") from None
+    try:
+        keep_last(out, step, run["train_config"].get("keep", 1), CHECKPOINT_FILES)
+    except OSError as err:
+        raise UsageError(f"keeping step {step}'s checkpoint in {out / CHECKPOINTS} failed "
+                         f"({failure(err)}): {out} holds it, complete") from None
 
 
 def failure(err: Exception) -> str:
@@ -219,12 +254,24 @@ def failure(err: Exception) -> str:
     return cause.strerror if cause is not None else str(err).splitlines()[0]
 
 
+def newest_training_state(out: Path, say: bool = True) -> tuple[Path, dict]:
+    """The newest training state that reads whole, and where: `out`'s own, else (one that cannot
+    be read is passed over, with a note when `say`) the newest kept in checkpoints/."""
+    paths = training_states(out, STATE_FILE) or [out / STATE_FILE]  # none: the error names it
+    for path in paths[:-1]:
+        try:
+            return path, load_training_state(path)
+        except UsageError as err:
+            if say:
+                print(f"note: {err}: resuming from an older checkpoint", file=sys.stderr)
+    return paths[-1], load_training_state(paths[-1])
+
+
 def resume(out: Path, run: dict, model: nn.Module, optimizer, scheduler, place: Distributed, *,
            may_change: tuple[str, ...]) -> tuple[int, float]:
     """Continue the run saved in `out` exactly, from its training state: (step, seconds trained). The target, the
     options but `may_change`, and the drafter (a default or the tokenizer may change it) must be the saved ones."""
-    state_path = out / STATE_FILE
-    state = load_training_state(state_path)
+    state_path, state = newest_training_state(out, place.main)
     stop_at = run["train_config"].get("stop_at")
     if stop_at is not None and stop_at < state["step"]:
         raise UsageError(f"--stop-at {stop_at}: the run in {out} is already at step {state['step']}")
@@ -268,7 +315,7 @@ def owned_run_folder(out: Path, resume: bool, force: bool, outputs: tuple[str, .
 def prepare_run_folder(out: Path, resume: bool, force: bool, outputs: tuple[str, ...]) -> None:
     """Refuse to mix a new run into an old one by accident, or to resume what is not there; with
     --force, remove the old run's `outputs`. What a kill during a save left of them
-    (`write_atomically`'s temporary files) goes."""
+    (`write_atomically`'s temporary files, a kept checkpoint's `.partial` folder) goes."""
     check_output(out, "--out", folder=True)
     if resume and not out.is_dir():
         raise UsageError(f"{out}: nothing to resume (no such folder)")
@@ -278,9 +325,10 @@ def prepare_run_folder(out: Path, resume: bool, force: bool, outputs: tuple[str,
                          f"overwrite)")
     if force and not resume:
         for name in outputs:
-            (out / name).unlink(missing_ok=True)
+            shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink(missing_ok=True)
     out.mkdir(parents=True, exist_ok=True)
     remove_partial_writes(out, outputs)
+    remove_unfinished(out)
 
 
 def take_lock(lock: Path) -> bool:
@@ -420,6 +468,35 @@ class Signals:
             self.act()
 
 
+class Due(NamedTuple):
+    """What a step ends with."""
+    stop: bool
+    signaled: bool  # stopped by a signal (this process's or another's)
+    save: bool
+    log: bool
+    evaluate: bool
+
+
+def what_is_due(run, signals: Signals, loss: torch.Tensor, gradient_norm: torch.Tensor) -> Due:
+    """What `train.py`'s `run` ends its step with, agreed by every process in one collective call:
+    a signal, the clock or the last step stops the run, which then saves; a loss that is not
+    finite stops it before anything is saved, so the last checkpoint stays the last good one."""
+    cfg, step, now = run.cfg, run.step, time.perf_counter()
+    signaled, out_of_time, save_by_clock, diverged = run.place.any_of(
+        signals.name, cfg.minutes is not None and now - run.began > 60 * cfg.minutes,
+        0 < cfg.save_every_minutes and now - run.last_save >= 60 * cfg.save_every_minutes,
+        not (torch.isfinite(loss) & torch.isfinite(gradient_norm)))
+    if diverged:
+        raise UsageError(f"step {step}: the loss or its gradient is not finite (loss "
+                         f"{loss.item():g}, gradient norm {gradient_norm.item():g}); stopped "
+                         f"without saving (try a lower --lr)")
+    stop = step >= run.last_step or out_of_time or signaled
+    evaluating = bool(cfg.eval_prompts or cfg.heldout) and not signaled and (
+        step == run.total_steps or (cfg.eval_every > 0 and step % cfg.eval_every == 0))
+    save = stop or save_by_clock or (cfg.save_every > 0 and step % cfg.save_every == 0)
+    return Due(stop, signaled, save, step % cfg.log_every == 0 or stop or evaluating, evaluating)
+
+
 @contextmanager
 def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
     """Within the block, DDP all-reduces the gradients only if `enabled`: the micro-batches before a step's last
@@ -501,7 +578,11 @@ def write_log(log_path: Path, record: dict, bar, tokens_per_second: float) -> No
     shown = {"loss": f"{record['loss']:.3f}", "acc1": f"{accuracy[0]:.2f}",
              "acc_mean": f"{sum(accuracy) / len(accuracy):.2f}", "tau~": f"{record['tau_estimate']:.2f}",
              "tok/s": f"{tokens_per_second:.0f}"}
-    bar.set_postfix({**shown, "eval_tau": f"{record['eval_tau']:.2f}"} if record.get("eval_tau") else shown)
+    if record.get("eval_tau"):
+        shown["eval_tau"] = f"{record['eval_tau']:.2f}"
+    if "heldout_loss" in record:
+        shown["heldout_loss"] = f"{record['heldout_loss']:.3f}"
+    bar.set_postfix(shown)
 
 
 def cosine_with_warmup(step: int, total_steps: int, warmup: float) -> float:

@@ -359,7 +359,10 @@ def test_make_data_refuses_max_new_tokens_that_leave_no_room_for_the_prompt(tmp_
     assert not (tmp_path / "data.jsonl").exists()
     argv = make_data_argv(tmp_path / "prompts.jsonl", tmp_path / "data.jsonl", target=target)
     argv[argv.index("--max-new-tokens") + 1] = "12"
+    capsys.readouterr()
     assert make_data.main(argv) == 0
+    assert "note: 3 prompt(s) longer than 4 tokens (the target's 16 positions less " \
+        "--max-new-tokens) keep their last 4: 15 tokens left out" in capsys.readouterr().err
     for line in (tmp_path / "data.jsonl").read_text().splitlines():
         record = json.loads(line)
         assert record["input_ids"][:4] == prompts[record["index"]][-4:]  # the prompt's last 16 - 12 tokens

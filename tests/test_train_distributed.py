@@ -187,3 +187,30 @@ def test_a_two_process_run_resumes_on_one_process(runs, data, tmp_path):
     for name in alone:
         torch.testing.assert_close(resumed[name], alone[name], rtol=1e-5, atol=1e-6)
     assert [r["step"] for r in log(tmp_path)] == list(range(1, STEPS + 1))
+
+
+@pytest.mark.parametrize("way", ["2 x 2 DDP", "2 x 1 FSDP2, accumulating 2"])
+def test_the_held_out_figures_under_torchrun_are_one_process_figures(tmp_path, way):
+    """--heldout under DDP and FSDP2: each process scores its share of the 3 held-out sequences
+    (under FSDP2 with 1 a batch, the second process runs a stand-in forward while the first scores
+    its second), and the pooled loss and per-slot accuracy are one process's, up to the order of
+    float sums; best/ keeps the same step."""
+    generator = torch.Generator().manual_seed(2)
+    twice = [torch.randint(0, 512, (length,), generator=generator).tolist() for length in (18, 15)]
+    repeated = tmp_path / "repeated.jsonl"  # held out: copies of trained ones, so some hits
+    repeated.write_text("".join(json.dumps({"input_ids": ids, "loss_mask": [0] * 6 + [1] * (len(ids)
+                                            - 6)}) + "\n" for ids in twice * 5))
+    extra = ("--steps", "20", "--heldout", "3", "--eval-every", "10", "--lr", "1e-2")
+    run_to_the_end("1 x 4", repeated, tmp_path / "alone", *extra)
+    run_to_the_end(way, repeated, tmp_path / "shared", *extra)
+    alone, shared = ([r for r in log(tmp_path / name) if "heldout_loss" in r]
+                     for name in ("alone", "shared"))
+    assert [r["step"] for r in alone] == [r["step"] for r in shared] == [10, 20]
+    assert max(alone[-1]["heldout_slot_accuracy"]) > 0
+    for expected, got in zip(alone, shared):
+        assert got["heldout_loss"] == pytest.approx(expected["heldout_loss"], rel=1e-5)
+        assert got["heldout_slot_accuracy"] == pytest.approx(expected["heldout_slot_accuracy"],
+                                                             abs=2e-4)
+    best = [json.loads((tmp_path / name / "best" / "best.json").read_text())["step"]
+            for name in ("alone", "shared")]
+    assert best[0] == best[1]

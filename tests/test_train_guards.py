@@ -106,8 +106,8 @@ def test_max_seq_len_is_capped_at_the_targets_positions_and_the_cut_is_said(tmp_
                            target=target)) == 0
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
     assert notes == ["note: 8 sequence(s) longer than 16 tokens (the target's "
-                     "max_position_embeddings, below --max-seq-len 100000000) were cut at the end: "
-                     "32 tokens left out"]
+                     "max_position_embeddings, below --max-seq-len 100000000) were cut at the end "
+                     "(--cut answer-end): 32 tokens left out, 32 of them answer tokens"]
 
 
 # ------------------------------------------------------------------ a folder one run owns
