@@ -226,8 +226,7 @@ class ModelRunner:
 
     def verify(self, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The token the target picks after each slot of [last token, drafts] (n,), its argmax,
-        and its features (1, n, F). The slots are written after the committed tokens. n is the
-        block, or less when given fewer drafts (benchmarks/verify_what_pays.py)."""
+        and its features (1, n, F), n the block or fewer; written after the committed tokens."""
         n = len(drafts) + 1
         self.block_ids[0, 1:n] = drafts
         positions = self.block_offsets[:n] + self.target_cache.length  # (n,)
@@ -453,10 +452,9 @@ def run(args) -> int:
     stops = stop_token_ids(args.model, tokenizer)
     block_size = args.block_size or default_block_size(drafter)
     if block_size == "auto":  # from this machine's pass costs and the drafter's acceptance
-        block_size, why = choose_block(ModelRunner, target, drafter, args.draft, compile=compile,
-                                       first_steps=lambda: generate_dflash(  # if it has no log
-                                           target, drafter, prompt_ids, 64, stop_ids=stops))
-        print(why, file=sys.stderr)
+        steps = functools.partial(generate_dflash, target, drafter, prompt_ids, 64, stop_ids=stops)
+        block_size = choose_block(ModelRunner, target, drafter, args.draft, compile=compile,
+                                  first_steps=steps)
     check_request(target, drafter, prompt_ids, args.max_new_tokens, block_size=block_size,
                   tree_budget=args.tree, where=prompt.where)  # before the runner allocates caches
     check_no_mask_token(drafter, prompt_ids, prompt.where)
@@ -465,8 +463,7 @@ def run(args) -> int:
     runner = ModelRunner(target, drafter, block_size=block_size, tree_budget=args.tree,
                          compile=compile, max_length=slots, flex_attention=args.flex_attention,
                          mode="reduce-overhead" if device.type == "cuda" else None)
-    common = dict(sampling=sampling, stop_ids=stops, runner=runner,
-                  first_token_choices=choices)
+    common = dict(sampling=sampling, stop_ids=stops, runner=runner, first_token_choices=choices)
     loops = {}  # name -> the loop, given max_new_tokens and the rest
     if args.compare or drafter is None:
         loops["baseline"] = functools.partial(generate_autoregressive, target, prompt_ids, **common)

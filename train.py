@@ -15,7 +15,6 @@ import os
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import NamedTuple, Sequence
 
@@ -25,23 +24,21 @@ from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
-from dflash.cli import UsageError, pick_dtype, run_cli
-from dflash.data import Sequences, cut_note, load_sequences, split_heldout
+from dflash.cli import UsageError, run_cli
+from dflash.data import Sequences
 from dflash.drafter import DrafterConfig
-from dflash.evaluation import evaluate, held_out
+from dflash.evaluation import evaluate
 from dflash.qwen3 import Qwen3, masked
-from dflash.tokenizer import find_tokenizer, stop_token_ids
 from dflash.train_config import (  # noqa: F401 (DEFAULT_*, build_drafter_config: notebook 4's)
     DEFAULT_BLOCK_SIZE, DEFAULT_DRAFTER_LAYERS, MAY_CHANGE_ON_RESUME, TrainConfig, build_parser,
-    build_drafter_config, check_sizes, save_dtype, starting_drafter, starting_or_resuming)
+    build_drafter_config, starting_or_resuming)
 from dflash.train_kernels import AnchoredBlocks, chunked_lm_head_loss
-from dflash.training import (LOG_FILE, RUN_OUTPUTS, Distributed, LogTally, Signals,
-                             anchor_generator, apply_gradients, cosine_with_warmup,
-                             distributed_run, freeze, full_weights, global_batch_items,
-                             gradient_sync, heldout_shares, init_weights as init_drafter,
-                             keep_if_best, owned_run_folder, resume, save_checkpoint,
-                             share_of_batch, steps_per_epoch, what_is_due, wrap_for_training,
-                             write_log)
+from dflash.train_run import Run, start_run as build_run
+from dflash.training import (LOG_FILE, RUN_OUTPUTS, Distributed, LogTally, Signals,  # noqa: F401
+                             anchor_generator, apply_gradients, distributed_run, freeze,
+                             full_weights, global_batch_items, gradient_sync, heldout_shares,
+                             init_weights as init_drafter, keep_if_best, owned_run_folder,
+                             save_checkpoint, share_of_batch, what_is_due, write_log)
 
 IGNORE = -100  # cross_entropy's ignore_index: this slot has no label
 
@@ -208,78 +205,10 @@ def drafter_loss(target: Qwen3, drafter: nn.Module, features: torch.Tensor, batc
 # ------------------------------------------------------------------ the run
 
 
-@dataclass
-class Run:
-    """What a run trains with and where it stands: built once by `start_run`, moved by the loop."""
-    cfg: TrainConfig
-    place: Distributed
-    target: Qwen3
-    model: nn.Module  # the drafter, wrapped for DDP or FSDP2 under torchrun
-    config: DrafterConfig
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    sequences: Sequences  # flat arrays: in memory, or mapped from a packed folder
-    weights: torch.Tensor  # (B,): the slots' weights in the loss
-    saved: dict  # what every checkpoint holds beside the states: the configs, the data's hash
-    global_batch: int  # sequences per optimizer step
-    total_steps: int
-    last_step: int  # --stop-at ends this job early
-    tally: LogTally  # what the next log line reports
-    continuations: list = field(default_factory=list)  # --eval-prompts' (evaluation.py)
-    heldout: Sequences | None = None  # --heldout's sequences, never trained on
-    step: int = 0
-    saved_step: int | None = None  # the newest complete checkpoint's
-    elapsed_before: float = 0.0  # seconds trained before this job (a resume)
-    began: float = 0.0
-    last_save: float = 0.0
-    tokens_seen: int = 0
-
-    def elapsed(self) -> float:  # seconds trained: this job's, and those before a resume
-        return self.elapsed_before + time.perf_counter() - self.began
-
-
 def start_run(cfg: TrainConfig, place: Distributed) -> Run:
-    """Load and check the target, the drafter, the data and the held-out prompts before anything
-    trains; build the optimizer and its schedule; with --resume, continue the saved run exactly."""
-    device = place.device
-    dtype = pick_dtype(cfg.dtype, device, Path(cfg.target))
-    target = Qwen3.from_pretrained(cfg.target, device=device, dtype=dtype)
-    target = freeze(target)
-    tokenizer = find_tokenizer(Path(cfg.tokenizer or cfg.target), cfg.tokenizer is not None)
-    drafter = starting_drafter(cfg, target, tokenizer)
-    limit = min(cfg.max_seq_len, target.config.max_position_embeddings)  # no position it lacks
-    sequences = load_sequences(Path(cfg.data), limit, target.config.vocab_size,
-                               target_config=Path(cfg.target) / "config.json", cut=cfg.cut)
-    if sequences.cut and place.main:
-        print(cut_note(sequences, limit, cfg.max_seq_len, cfg.cut), file=sys.stderr)
-    sequences, heldout = split_heldout(sequences, cfg.heldout)
-    check_sizes(cfg, drafter.config, target.config, sequences, device)
-    drafter.recompute_layers = not cfg.keep_activations
-    model = wrap_for_training(drafter.to(device).train(), place, cfg.fsdp)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    global_batch = cfg.batch_size * place.world * cfg.grad_accum
-    total_steps = cfg.steps or cfg.epochs * steps_per_epoch(len(sequences.starts), global_batch)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: cosine_with_warmup(step, total_steps, cfg.warmup))
-    block_size = drafter.config.block_size
-    weights = slot_weights(block_size, cfg.gamma or gamma_for_block_size(block_size))
-    saved = {"target_config": asdict(target.config), "train_config": asdict(cfg),
-             "drafter_config": drafter.config.to_dict(), "data_sha256": sequences.sha256,
-             "global_batch": global_batch, "save_dtype": save_dtype(cfg, target.head_weight.dtype)}
-    run = Run(cfg, place, target, model, drafter.config, optimizer, scheduler, sequences, weights,
-              saved, global_batch, total_steps, min(total_steps, cfg.stop_at or total_steps),
-              LogTally.zeros(block_size, device), heldout=heldout)
-    if cfg.resume:
-        run.step, run.elapsed_before = resume(Path(cfg.out), saved, model, optimizer, scheduler,
-                                              place, may_change=MAY_CHANGE_ON_RESUME)
-        run.saved_step = run.step
-    if cfg.eval_prompts:  # checked before the first step: an evaluation never fails late
-        stops = stop_token_ids(Path(cfg.tokenizer or cfg.target), tokenizer)
-        run.continuations = held_out(Path(cfg.eval_prompts), target, drafter, tokenizer,
-                                     stop_ids=stops, max_new_tokens=cfg.eval_max_new_tokens,
-                                     token_healing=not cfg.no_token_healing, place=place)
-    run.began = run.last_save = time.perf_counter()
-    return run
+    """The run (`dflash.train_run`), its loss weighting the slots as this recipe does."""
+    gamma = lambda block: cfg.gamma or gamma_for_block_size(block)  # noqa: E731
+    return build_run(cfg, place, lambda block: slot_weights(block, gamma(block)))
 
 
 def batch_loss(run: Run, batch: MicroBatch, weight_total: torch.Tensor):

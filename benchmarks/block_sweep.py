@@ -84,9 +84,11 @@ def run(args) -> int:
                for p in read_prompts(args.prompts)]
     stops = stop_token_ids(args.model, tokenizer)
     began = time.perf_counter()
-    auto, why = choose_block(generate.ModelRunner, target, drafter, args.draft,
-                             compile=args.compile, first_steps=lambda: generate.generate_dflash(
-                                 target, drafter, prompts[0], 64, stop_ids=stops))
+    said = []
+    auto = choose_block(generate.ModelRunner, target, drafter, args.draft, compile=args.compile,
+                        first_steps=lambda: generate.generate_dflash(
+                            target, drafter, prompts[0], 64, stop_ids=stops), say=said.append)
+    why = said[0]
     print(f"{why} ({time.perf_counter() - began:.1f} s)", file=sys.stderr)
     clock = time.process_time if torch.get_num_threads() == 1 and device.type == "cpu" \
         else time.perf_counter

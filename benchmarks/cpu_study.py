@@ -338,8 +338,8 @@ def study_row(target, drafter, args, shape: str, dtype: str, threads: int, progr
     fitted_sweep = {}
     if costs["verify_fit_ms"]:  # two block sizes or more
         fitted = block_sweep(costs, p, fitted=True)
-        auto, _ = best_block(costs, geometric(p, args.block_size), args.block_size)
-        fitted_sweep = {"block_sweep_fitted": fitted, "best_block_fitted": auto}  # = generate.py's
+        auto, _ = best_block(costs, geometric(p, args.block_size), args.tokens)  # of those timed
+        fitted_sweep = {"block_sweep_fitted": fitted, "best_block_fitted": auto}  # as generate.py
     return {"shape": shape, "dtype": dtype, "threads": threads, "clock": clock,
             "parameters_b": sum(x.numel() for x in target.parameters()) / 1e9, **costs,
             "plain_tokens_per_s": loops["plain_tokens_per_s"], "prefill_ms": loops["prefill_ms"],

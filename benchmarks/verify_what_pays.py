@@ -145,11 +145,12 @@ def run(args) -> int:
                for p in read_prompts(args.prompts)]
     stops = stop_token_ids(args.model, tokenizer)
     costs, _ = cached_calibration(calibration_key(target, drafter, args.compile), lambda: calibrate(
-        generate.ModelRunner, target, drafter, calibration_blocks(block), compile=args.compile))
+        generate.ModelRunner, target, drafter, calibration_blocks(block, args.compile),
+        compile=args.compile))
     acceptance = logged_acceptance(args.draft)
     if acceptance is None:
         raise UsageError(f"{args.draft} has no training log to choose the auto block from")
-    auto, _ = best_block(costs, acceptance, block)
+    auto, _ = best_block(costs, acceptance, costs["blocks"])
     plain = [generate.generate_autoregressive(target, ids, args.max_new_tokens, stop_ids=stops)
              for ids in prompts]
     truths = [ids + result.new_ids for ids, result in zip(prompts, plain)]

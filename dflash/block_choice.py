@@ -22,6 +22,7 @@ import json
 import os
 import platform
 import re
+import sys
 import time
 from pathlib import Path
 from typing import Callable, Sequence
@@ -79,9 +80,12 @@ def predicted_speeds(costs: dict, acceptance: Sequence[float], blocks: Sequence[
             for n in blocks}
 
 
-def best_block(costs: dict, acceptance: Sequence[float], largest: int) -> tuple[int, dict]:
-    """The block in 2..largest with the highest predicted speed, and every block's prediction."""
-    speeds = predicted_speeds(costs, acceptance, range(2, largest + 1))
+def best_block(costs: dict, acceptance: Sequence[float], blocks: Sequence[int]) -> tuple[int, dict]:
+    """The block of `blocks` with the highest predicted speed, and each one's prediction. Only
+    blocks whose passes were timed are offered: a shape never run can be slower than the line
+    through its neighbours (a block of 11 ran 5 % slower than one of 12 on the demo pair,
+    compiled: benchmarks/block_sweep.py)."""
+    speeds = predicted_speeds(costs, acceptance, blocks)
     return max(speeds, key=speeds.get), speeds
 
 
@@ -249,8 +253,11 @@ def cached_calibration(key: str, measure: Callable[[], dict]) -> tuple[dict, boo
     return costs, True
 
 
-def calibration_blocks(largest: int) -> list[int]:
-    """The blocks timed: a few across 2..largest (the lines are fitted to them)."""
+def calibration_blocks(largest: int, compile: bool = False) -> list[int]:
+    """The blocks timed, and so offered: every even one up to the drafter's (and its own), or,
+    compiled (each a graph to build), five across 2..largest."""
+    if not compile:
+        return sorted({*range(2, largest + 1, 2), largest})
     return sorted({2, max(2, largest // 4), max(2, largest // 2), max(2, 3 * largest // 4),
                    largest})
 
@@ -259,10 +266,11 @@ def calibration_blocks(largest: int) -> list[int]:
 
 
 def choose_block(runner_class, target: Qwen3, drafter: Drafter, drafter_folder: Path, *,
-                 compile: bool, first_steps: Callable[[], object]) -> tuple[int, str]:
-    """`--block-size auto`: the block with the highest predicted speed, and a line saying why.
-    `first_steps()` runs a few steps at the drafter's own block and returns what they generated
-    (its `acceptance_lengths`); it is called only for a drafter without a training log."""
+                 compile: bool, first_steps: Callable[[], object], say=None) -> int:
+    """`--block-size auto`: the block with the highest predicted speed; a line saying why goes to
+    `say` (default: standard error). `first_steps()` runs a few steps at the drafter's own block
+    and returns what they generated (its `acceptance_lengths`); it is called only for a drafter
+    without a training log."""
     largest = drafter.config.block_size
     acceptance = logged_acceptance(drafter_folder)
     source = f"per-slot acceptance from {LOG_NAME}"
@@ -272,10 +280,11 @@ def choose_block(runner_class, target: Qwen3, drafter: Drafter, drafter_folder: 
         source = f"acceptance {acceptance[0]:.2f} per slot from {len(lengths)} first steps"
     costs, measured = cached_calibration(
         calibration_key(target, drafter, compile),
-        lambda: calibrate(runner_class, target, drafter, calibration_blocks(largest),
+        lambda: calibrate(runner_class, target, drafter, calibration_blocks(largest, compile),
                           compile=compile))
-    block, speeds = best_block(costs, acceptance, largest)
+    block, speeds = best_block(costs, acceptance, costs["blocks"])
     where = "calibrated now" if measured else "calibrated before"
-    return block, (f"[block size auto: {block}, predicted {speeds[block] / speeds[largest]:.2f}x "
-                   f"the tokens/s of block {largest}; {source}; pass costs {where}, kept in "
-                   f"{cache_file()}]")
+    (say or (lambda line: print(line, file=sys.stderr)))(
+        f"[block size auto: {block}, predicted {speeds[block] / speeds[largest]:.2f}x the tokens/s "
+        f"of block {largest}; {source}; pass costs {where}, kept in {cache_file()}]")
+    return block

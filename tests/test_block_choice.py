@@ -41,21 +41,23 @@ def test_acceptance_for_gives_the_mean_asked(tau, block):
 
 def test_flat_costs_pick_the_largest_block_and_steep_costs_a_small_one():
     good = [0.9] * 15
-    block, speeds = block_choice.best_block(costs((1.0, 0.0), (5.0, 0.0)), good, 16)
+    block, speeds = block_choice.best_block(costs((1.0, 0.0), (5.0, 0.0)), good, range(2, 17))
     assert block == 16 and sorted(speeds) == list(range(2, 17))
     # Each verified token costs as much as the overhead: block n costs 2 + n ms
     # (draft 1 ms flat); tokens per step (1 - 0.9^n) / 0.1. By hand: n = 6 (5 is 0.1 % slower).
-    block, speeds = block_choice.best_block(costs((1.0, 0.0), (1.0, 1.0)), good, 16)
+    block, speeds = block_choice.best_block(costs((1.0, 0.0), (1.0, 1.0)), good, range(2, 17))
     by_hand = {n: (1 - 0.9 ** n) / 0.1 / (2 + n) for n in range(2, 17)}
     assert block == max(by_hand, key=by_hand.get) == 6
     assert speeds[block] == pytest.approx(by_hand[block])
+    # Offered only the blocks timed, 4 and 8 (say), it takes the better: 4 (0.573 against 0.570)
+    assert block_choice.best_block(costs((1.0, 0.0), (1.0, 1.0)), good, [4, 8])[0] == 4
 
 
 def test_a_drafter_that_misses_its_late_slots_gets_a_smaller_block():
     """The same flat costs; acceptance falling to 0 after slot 3: slots past 4 buy nothing, and a
     block that costs a little more per token stops at 4."""
     early_only = [0.95, 0.9, 0.9] + [0.0] * 12
-    block, _ = block_choice.best_block(costs((1.0, 0.05), (5.0, 0.2)), early_only, 16)
+    block, _ = block_choice.best_block(costs((1.0, 0.05), (5.0, 0.2)), early_only, range(2, 17))
     assert block == 4
 
 
@@ -106,8 +108,9 @@ def test_calibration_times_each_block_and_leaves_the_caches_as_found():
     for job in passes.values():
         job()
         assert lengths() == before
-    blocks = block_choice.calibration_blocks(drafter.config.block_size)
-    assert blocks[0] == 2 and blocks[-1] == drafter.config.block_size
+    blocks = block_choice.calibration_blocks(drafter.config.block_size)  # eager: every even one
+    assert blocks == [2, 4, 6, 8] and block_choice.calibration_blocks(16, compile=True) == [
+        2, 4, 8, 12, 16]
     found = block_choice.calibrate(generate.ModelRunner, target, drafter, blocks, seconds=0)
     assert sorted(found["verify_ms"]) == blocks and sorted(found["draft_ms"]) == blocks
     assert all(ms > 0 for ms in [*found["verify_ms"].values(), *found["draft_ms"].values()])
