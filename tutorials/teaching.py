@@ -264,7 +264,7 @@ def draw_cpu_regimes(rows: list[dict]):
                                   for n in (1, tokens[-1])], "--", color=colour)
     ax.axhline(1, color="grey", lw=0.8)
     ax.set(xlabel="tokens in one verify pass (n)", ylabel="cost, in decode passes",
-           title="Real Qwen3 shapes on one CPU core: bf16 memory-bound, float32 not")
+           title="Real Qwen3 shapes on one CPU core: bf16 nearly flat, float32 not")
     ax.legend(fontsize=8)
     plt.tight_layout()
     plt.show()
