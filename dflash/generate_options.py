@@ -26,6 +26,8 @@ How much change does Leo get?" --compare --tree 16
 does Ana have?" --sample-from-config --draft-policy mixed:2
   python generate.py --prompt-ids 1,2,3 --model tests/fixtures/qwen3-tiny-sharded --draft \
 tests/fixtures/dflash-tiny --json
+  python generate.py --prompt "Sam reads 12 pages a day. How many pages does he read in 5 days?" \
+--block-size auto --compile
 
 On a terminal, tokens from accepted drafts are green. Bad input exits with status 2.
 """
