@@ -196,10 +196,10 @@ def drafter_loss(target: Qwen3, drafter: nn.Module, features: torch.Tensor, batc
     slot_weight = label_weights(labels, weights)[scored]  # (N,)
     total = slot_weight.sum() if weight_total is None else weight_total
     before = scored.nonzero()[:, 0], block_positions(anchors, block_size)[scored] - 1  # (N,) each
+    teacher = None if target_hidden is None else target_hidden[before]  # x_p's: at p - 1, (N, h)
     loss, hits = chunked_lm_head_loss(hidden[scored], target.head_weight, labels[scored],
                                       slot_weight / total, loss_chunk_size,  # labelled slots only
-                                      None if target_hidden is None else target_hidden[before],
-                                      distill_weight)  # x_p's distribution: the target's at p - 1
+                                      teacher=teacher, distill_weight=distill_weight)
     slots = torch.arange(labels.shape[1], device=labels.device) % block_size  # (K*B,)
     slots = slots.expand_as(labels)[scored]  # (N,)
     correct = torch.bincount(slots, weights=hits.float(), minlength=block_size)  # (B,)
