@@ -178,9 +178,9 @@ def drafter_loss(target: Qwen3, drafter: nn.Module, features: torch.Tensor, batc
                  config: DrafterConfig, weights: torch.Tensor,
                  weight_total: torch.Tensor | None = None, loss_chunk_size: int = 512,
                  dense_attention: bool = False, target_hidden=None, distill_weight: float = 1.0):
-    """Weighted cross-entropy (with `target_hidden`: and KL(target || drafter)) of every block
-    slot over `weight_total` (default: their weight, a mean), and (correct, counted) per slot (B,)
-    for the logs. `dense_attention`, `loss_chunk_size` 0: the dense ways, the tested references."""
+    """Weighted cross-entropy of every block slot (mixed, given `target_hidden`, with KL(target ||
+    drafter) by `distill_weight`) over `weight_total` (default: their weight, a mean); (correct,
+    counted) per slot (B,) for the logs. `dense_attention`, `loss_chunk_size` 0: the dense ways."""
     input_ids, loss_mask, anchors, real = batch
     block_size = config.block_size
     with torch.no_grad():

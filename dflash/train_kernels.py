@@ -84,8 +84,8 @@ def distillation_terms(logits: torch.Tensor, teacher: torch.Tensor, head: torch.
     same gradient (they differ by the target's entropy, a constant), but a loss that is 0 where
     the drafter matches, and that equals the hard cross-entropy where the target is certain."""
     log_p = F.linear(teacher.to(head.dtype), head).to(logits.dtype)  # (n, vocab): the target's
-    log_p.sub_(log_p.max(dim=-1, keepdim=True).values)  # in place, as all that follows: beside
-    p = log_p.exp()  # (n, vocab)                          `logits`, two big tensors, no more
+    log_p.sub_(log_p.max(dim=-1, keepdim=True).values)  # in place, as all that follows
+    p = log_p.exp()  # (n, vocab): beside `logits`, two big tensors, never three
     sums = p.sum(dim=-1, keepdim=True)  # (n, 1)
     log_p.sub_(sums.log())  # the log-softmax
     p.div_(sums)  # the softmax
