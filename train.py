@@ -164,22 +164,24 @@ def step_weight(batches: list[MicroBatch], weights: torch.Tensor, place: Distrib
 
 
 @torch.no_grad()  # the frozen target: its features are an input, not part of the graph
-def target_features(target: Qwen3, input_ids: torch.Tensor, config: DrafterConfig):
+def target_features(target: Qwen3, input_ids: torch.Tensor, config: DrafterConfig,
+                    last_hidden: bool = False):
     """The target's outputs after `config.target_layer_ids`, side by side: (batch, S, layers *
-    hidden). No layer past the last one read runs. Where no autocast casts them for the drafter
-    (off CUDA), they come in float32, the drafter's dtype, whatever the target's."""
-    _, features = target(input_ids, capture_layers=config.target_layer_ids,
-                         last_layer=max(config.target_layer_ids))
-    return features if input_ids.device.type == "cuda" else features.float()
+    hidden), float32 off CUDA (the drafter's dtype: no autocast). No later layer runs, but with
+    `last_hidden`: (features, last hidden state (batch, S, hidden), distillation's teacher)."""
+    hidden, features = target(input_ids, capture_layers=config.target_layer_ids,
+                              last_layer=None if last_hidden else max(config.target_layer_ids))
+    features = features if input_ids.device.type == "cuda" else features.float()
+    return (features, hidden) if last_hidden else features
 
 
 def drafter_loss(target: Qwen3, drafter: nn.Module, features: torch.Tensor, batch: MicroBatch, *,
                  config: DrafterConfig, weights: torch.Tensor,
                  weight_total: torch.Tensor | None = None, loss_chunk_size: int = 512,
-                 dense_attention: bool = False):
-    """Weighted cross-entropy of every block slot over `weight_total` (default: these slots'
-    weight, a mean), and (correct, counted) per slot (B,) for the logs. `dense_attention` and
-    `loss_chunk_size` 0 take the dense ways, the references the fast ones are tested against."""
+                 dense_attention: bool = False, target_hidden=None, distill_weight: float = 1.0):
+    """Weighted cross-entropy of every block slot (mixed, given `target_hidden`, with KL(target ||
+    drafter) by `distill_weight`) over `weight_total` (default: their weight, a mean); (correct,
+    counted) per slot (B,) for the logs. `dense_attention`, `loss_chunk_size` 0: the dense ways."""
     input_ids, loss_mask, anchors, real = batch
     block_size = config.block_size
     with torch.no_grad():
@@ -194,8 +196,11 @@ def drafter_loss(target: Qwen3, drafter: nn.Module, features: torch.Tensor, batc
     scored = labels != IGNORE
     slot_weight = label_weights(labels, weights)[scored]  # (N,)
     total = slot_weight.sum() if weight_total is None else weight_total
+    before = scored.nonzero()[:, 0], block_positions(anchors, block_size)[scored] - 1  # (N,) each
+    teacher = None if target_hidden is None else target_hidden[before]  # x_p's: at p - 1, (N, h)
     loss, hits = chunked_lm_head_loss(hidden[scored], target.head_weight, labels[scored],
-                                      slot_weight / total, loss_chunk_size)  # labelled slots only
+                                      slot_weight / total, loss_chunk_size,  # labelled slots only
+                                      teacher=teacher, distill_weight=distill_weight)
     slots = torch.arange(labels.shape[1], device=labels.device) % block_size  # (K*B,)
     slots = slots.expand_as(labels)[scored]  # (N,)
     correct = torch.bincount(slots, weights=hits.float(), minlength=block_size)  # (B,)
@@ -214,12 +219,15 @@ def start_run(cfg: TrainConfig, place: Distributed) -> Run:
 def batch_loss(run: Run, batch: MicroBatch, weight_total: torch.Tensor):
     """The target's features, then `drafter_loss`: what a step, and the held-out split, compute."""
     cfg, config = run.cfg, run.config
+    distilling = cfg.distill_weight > 0  # then the whole target runs: its last hidden state too
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=run.place.device.type == "cuda"):
-        features = target_features(run.target, batch.input_ids, config)  # (batch, S, F)
+        outputs = target_features(run.target, batch.input_ids, config, distilling)
+        features, last_hidden = outputs if distilling else (outputs, None)  # (batch, S, F)
         return drafter_loss(run.target, run.model, features, batch, config=config,
                             weights=run.weights, weight_total=weight_total,
                             loss_chunk_size=cfg.loss_chunk_size,
-                            dense_attention=cfg.dense_attention)
+                            dense_attention=cfg.dense_attention, target_hidden=last_hidden,
+                            distill_weight=cfg.distill_weight)
 
 
 @torch.no_grad()

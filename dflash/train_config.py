@@ -58,6 +58,7 @@ class TrainConfig:
     warmup: float = 0.04
     grad_clip: float = 1.0
     gamma: float | None = None
+    distill_weight: float = 0.0  # 0: the target's tokens (hard labels); 1: its distributions
     epochs: int = 6
     steps: int | None = None
     seed: int = 0
@@ -256,6 +257,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--grad-clip", type=positive, help="gradient norm clip")
     add("--gamma", type=positive,
         help="loss decay over the slots (default: 7 for B=16, 5 for B=10, 4 for B=8)")
+    add("--distill-weight", type=checked(float, "in [0, 1]", lambda x: 0 <= x <= 1),
+        help="0: cross-entropy with the data's tokens (hard labels); 1: distillation, KL(target "
+             "|| drafter) with the target's own distribution at each slot (the whole target "
+             "runs); between: a mix of the two")
     add("--epochs", type=positive_int, help="passes over the data")
     add("--steps", type=positive_int, help="train this many steps (overrides --epochs)")
     add("--seed", type=seed_value, help="seeds the drafter's initialisation, the data order and "

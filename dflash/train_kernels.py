@@ -1,6 +1,8 @@
-"""Exact replacements for drafter training's two dense costs, which do not fit at the paper's settings (tested against
-the dense ways): the LM-head loss (slots x vocabulary logits) a chunk of slots at a time (`chunked_lm_head_loss`), and
-the block attention (K*B x (S + K*B) scores, most masked) skipping what the mask hides (`AnchoredBlocks`)."""
+"""Exact replacements for drafter training's two dense costs, which do not fit at the paper's
+settings (tested against the dense ways): the LM-head loss (slots x vocabulary logits) a chunk of
+slots at a time (`chunked_lm_head_loss`, with labels or distilling the target's distribution), and
+the block attention (K*B x (S + K*B) scores, most masked) skipping what the mask hides
+(`AnchoredBlocks`)."""
 
 from __future__ import annotations
 
@@ -13,31 +15,27 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 
 class ChunkedLMHeadLoss(torch.autograd.Function):
-    """sum_i w_i * cross_entropy(hidden_i @ head.T, label_i), one chunk of slots at a time: forward also takes
-    d loss / d hidden while the chunk's logits exist, and backward only scales it. The frozen head gets none."""
+    """sum_i w_i * loss_i over the logits hidden_i @ head.T, one chunk of slots at a time: forward
+    also takes d loss / d hidden while the chunk's logits exist, and backward only scales it. The
+    frozen head gets none. loss_i is the cross-entropy with label_i, or with `distilling`, a pair
+    (teacher (N, hidden): the target's last hidden states, d: the distill weight), (1 - d) * that
+    + d * KL(target || drafter) (`distillation_terms`)."""
 
     @staticmethod
-    def forward(ctx, hidden, head, labels, label_weights, chunk_size: int):
+    def forward(ctx, hidden, head, labels, label_weights, chunk_size: int, distilling=None):
         wants_grad = ctx.needs_input_grad[0]
-        total = torch.zeros((), dtype=torch.promote_types(head.dtype, torch.float32), device=hidden.device)
+        dtype = torch.promote_types(head.dtype, torch.float32)  # the softmax's: float32 at least
+        total = torch.zeros((), dtype=dtype, device=hidden.device)
         hits = torch.empty(len(labels), dtype=torch.bool, device=hidden.device)  # (N,)
         grad_hidden = torch.empty_like(hidden) if wants_grad else None  # (N, hidden)
         for start in range(0, len(labels), chunk_size):
             rows = slice(start, start + chunk_size)
-            chunk_labels, weights = labels[rows], label_weights[rows].to(total.dtype)  # (n,) each
-            logits = F.linear(hidden[rows].to(head.dtype), head).to(total.dtype)  # (n, vocab): the only big tensor
-            label_logits = logits.gather(1, chunk_labels[:, None])[:, 0]  # (n,)
-            hits[rows] = logits.argmax(dim=-1) == chunk_labels
-            row_max = logits.max(dim=-1).values  # (n,)
-            exponentials = logits.sub_(row_max[:, None]).exp_()  # (n, vocab), in place: logsumexp would copy
-            sums = exponentials.sum(dim=-1)  # (n,)
-            total += (weights * (row_max + sums.log() - label_logits)).sum()  # CE = log sum exp - label logit
-            if wants_grad:  # d/dlogits of w * CE is w * (softmax - one_hot)
-                probabilities = exponentials.div_(sums[:, None])  # (n, vocab)
-                chunk_rows = torch.arange(len(chunk_labels), device=logits.device)  # no host sync
-                probabilities[chunk_rows, chunk_labels] -= 1.0
-                probabilities.mul_(weights[:, None])
-                grad_hidden[rows] = (probabilities.to(head.dtype) @ head).to(hidden.dtype)  # (n, hidden)
+            teacher = None if distilling is None else (distilling[0][rows], distilling[1])
+            loss, hits[rows], grad = chunk_loss(hidden[rows], head, labels[rows],
+                                                label_weights[rows].to(dtype), teacher, wants_grad)
+            total += loss
+            if wants_grad:
+                grad_hidden[rows] = grad.to(hidden.dtype)  # (n, hidden)
         ctx.mark_non_differentiable(hits)
         ctx.save_for_backward(grad_hidden)
         return total, hits
@@ -45,21 +43,79 @@ class ChunkedLMHeadLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_total, grad_hits):
         (grad_hidden,) = ctx.saved_tensors
-        return grad_hidden * grad_total.to(grad_hidden.dtype), None, None, None, None
+        return grad_hidden * grad_total.to(grad_hidden.dtype), None, None, None, None, None
+
+
+def chunk_loss(hidden, head, labels, weights, distilling, wants_grad: bool):
+    """One chunk of `ChunkedLMHeadLoss`: (sum_i w_i * loss_i, hits (n,), d/dhidden (n, hidden) or
+    None). A function of its own, so that the chunk's (n, vocab) tensors are freed when it returns,
+    before the next chunk's are made."""
+    teacher, distill_weight = distilling or (None, 0.0)
+    hard = 1.0 - distill_weight  # the labels' share of the loss
+    logits = F.linear(hidden.to(head.dtype), head).to(weights.dtype)  # (n, vocab): the big one
+    label_logits = logits.gather(1, labels[:, None])[:, 0]  # (n,)
+    hits = logits.argmax(dim=-1) == labels
+    if teacher is not None:  # before `logits` is overwritten below
+        target_probabilities, kl_less_logsumexp = distillation_terms(logits, teacher, head)
+    row_max = logits.max(dim=-1).values  # (n,)
+    exponentials = logits.sub_(row_max[:, None]).exp_()  # (n, vocab), in place: no copy
+    sums = exponentials.sum(dim=-1)  # (n,)
+    logsumexp = row_max + sums.log()  # (n,)
+    losses = hard * (logsumexp - label_logits)  # CE = log sum exp - label logit
+    if teacher is not None:
+        losses += distill_weight * (kl_less_logsumexp + logsumexp)
+    if not wants_grad:
+        return (weights * losses).sum(), hits, None
+    # d/dlogits of w * loss is w * (softmax - the target distribution: one-hot, the target's, mixed)
+    probabilities = exponentials.div_(sums[:, None])  # (n, vocab)
+    rows = torch.arange(len(labels), device=logits.device)  # no host sync
+    probabilities[rows, labels] -= hard
+    if teacher is not None:
+        probabilities.sub_(target_probabilities, alpha=distill_weight)
+    probabilities.mul_(weights[:, None])
+    return (weights * losses).sum(), hits, probabilities.to(head.dtype) @ head
+
+
+@torch.no_grad()
+def distillation_terms(logits: torch.Tensor, teacher: torch.Tensor, head: torch.Tensor):
+    """The target's distribution p (n, vocab), from its last hidden states `teacher` (n, hidden),
+    and KL(p || softmax(logits)) less logsumexp(logits) (n,): KL = sum_v p_v (log p_v - logits_v)
+    + logsumexp. KL(target || drafter) rather than the soft cross-entropy -sum_v p_v log q_v: the
+    same gradient (they differ by the target's entropy, a constant), but a loss that is 0 where
+    the drafter matches, and that equals the hard cross-entropy where the target is certain."""
+    log_p = F.linear(teacher.to(head.dtype), head).to(logits.dtype)  # (n, vocab): the target's
+    log_p.sub_(log_p.max(dim=-1, keepdim=True).values)  # in place, as all that follows
+    p = log_p.exp()  # (n, vocab): beside `logits`, two big tensors, never three
+    sums = p.sum(dim=-1, keepdim=True)  # (n, 1)
+    log_p.sub_(sums.log())  # the log-softmax
+    p.div_(sums)  # the softmax
+    return p, log_p.sub_(logits).mul_(p).sum(dim=-1)
 
 
 def chunked_lm_head_loss(hidden: torch.Tensor, head: torch.Tensor, labels: torch.Tensor,
-                         label_weights: torch.Tensor, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(sum_i w_i * CE_i, top-1 hit per slot) of `hidden` (N, hidden) through the frozen `head` (vocab, hidden);
+                         label_weights: torch.Tensor, chunk_size: int, *,
+                         teacher: torch.Tensor | None = None,
+                         distill_weight: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(sum_i w_i * loss_i, top-1 hit of label_i per slot) of `hidden` (N, hidden) through the
+    frozen `head` (vocab, hidden); loss_i is the cross-entropy with label_i, or with `teacher`
+    (N, hidden), the target's last hidden states, whose logits give the target's distribution of
+    the same token, (1 - distill_weight) * that + distill_weight * KL(target || drafter).
     `chunk_size` 0 takes all slots at once with plain autograd: the dense reference."""
     if head.requires_grad:
-        raise ValueError("chunked_lm_head_loss computes no gradient for the LM head: it must be frozen")
+        raise ValueError("chunked_lm_head_loss computes no gradient for the LM head: it must be "
+                         "frozen")
     if chunk_size > 0:
-        return ChunkedLMHeadLoss.apply(hidden, head, labels, label_weights, chunk_size)
+        distilling = None if teacher is None else (teacher, distill_weight)
+        return ChunkedLMHeadLoss.apply(hidden, head, labels, label_weights, chunk_size, distilling)
     logits = F.linear(hidden.to(head.dtype), head)  # (N, vocab)
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # the softmax wants float32 at least
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float32 at least
     losses = F.cross_entropy(logits, labels, reduction="none")  # (N,)
-    return (label_weights.to(logits.dtype) * losses).sum(), (logits.argmax(dim=-1) == labels).detach()
+    if teacher is not None:
+        target_log_p = F.linear(teacher.to(head.dtype), head).to(logits.dtype).log_softmax(-1)
+        kl = F.kl_div(logits.log_softmax(-1), target_log_p, reduction="none", log_target=True)
+        losses = (1 - distill_weight) * losses + distill_weight * kl.sum(-1)  # (N,)
+    hits = (logits.argmax(dim=-1) == labels).detach()
+    return (label_weights.to(logits.dtype) * losses).sum(), hits
 
 
 @dataclass
