@@ -96,7 +96,7 @@ class Foreseeing(Wrapped):
 
 def variants(target, drafter, args, costs: dict, auto: int, truths: list[list[int]]):
     """name -> a maker of the runner for prompt i; and the policy's runner (it counts choices)."""
-    longest = max(map(len, truths)) + 2 * drafter.config.block_size
+    longest = max(map(len, truths)) + args.max_new_tokens + 2 * drafter.config.block_size
     block = drafter.config.block_size
 
     def runner(n: int):
