@@ -20,7 +20,7 @@ from typing import Sequence
 import torch
 from torch.nn.attention.bias import causal_lower_right
 
-from dflash.block_choice import VerifyWhatPays, choose_block, machine_costs
+from dflash.block_choice import choose_block
 from dflash.cli import UsageError, pick_device, pick_dtype, run_cli
 from dflash.compiled import compiled_copy, keys_bucket
 from dflash.drafter import Drafter, cached_block_mask
@@ -443,8 +443,6 @@ def run(args) -> int:
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device, args.model)
     sampling, tokenizer = sampling_of(args, args.model), find_tokenizer(args.model)
-    if args.verify_what_pays and not sampling.greedy:
-        raise UsageError("--verify-what-pays is for greedy decoding: give --temperature 0")
     prompt_ids, choices = encode_for_generation(prompt, tokenizer, args.chat, args.thinking,
                                                 args.token_healing)
     target = Qwen3.from_pretrained(args.model, device=device, dtype=dtype)
@@ -465,8 +463,6 @@ def run(args) -> int:
     runner = ModelRunner(target, drafter, block_size=block_size, tree_budget=args.tree,
                          compile=compile, max_length=slots, flex_attention=args.flex_attention,
                          mode="reduce-overhead" if device.type == "cuda" else None)
-    if args.verify_what_pays:  # each step verifies only the drafts its confidence says pay
-        runner = VerifyWhatPays(runner, machine_costs(ModelRunner, target, drafter, compile)[0])
     common = dict(sampling=sampling, stop_ids=stops, runner=runner, first_token_choices=choices)
     loops = {}  # name -> the loop, given max_new_tokens and the rest
     if args.compare or drafter is None:

@@ -35,8 +35,8 @@ import torch  # noqa: E402
 
 import generate  # noqa: E402
 from cpu_study import cpu_description, listed  # noqa: E402
-from dflash.block_choice import (VerifyWhatPays, best_block, logged_acceptance,  # noqa: E402
-                                 machine_costs)
+from dflash.block_choice import (best_block, calibrate, calibration_blocks,  # noqa: E402
+                                 calibration_key, cached_calibration, logged_acceptance)
 from dflash.checkpoint import write_json_atomically  # noqa: E402
 from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_output,  # noqa: E402
                         checked, pick_device, pick_dtype, positive_int, run_cli)
@@ -45,6 +45,34 @@ from dflash.measure import Wrapped  # noqa: E402
 from dflash.prompts import add_prompt_options, encode_for_generation, read_prompts  # noqa: E402
 from dflash.qwen3 import Qwen3  # noqa: E402
 from dflash.tokenizer import find_tokenizer, stop_token_ids  # noqa: E402
+
+
+def verify_cost(costs: dict, n: int) -> float:
+    line = costs["verify_fit_ms"]
+    return line["overhead"] + n * line["per_token"]
+
+
+class VerifyWhatPays(Wrapped):
+    """A runner whose draft hands the loop only the first L drafts, L chosen per step from the
+    drafter's confidence and the pass costs; the loop then verifies L + 1 slots."""
+
+    def __init__(self, runner, costs: dict, lengths: Sequence[int]):
+        super().__init__(runner)
+        block = runner.block_size
+        self.lengths = sorted(lengths)
+        draft_ms = costs["draft_fit_ms"]["overhead"] + block * costs["draft_fit_ms"]["per_token"]
+        self.step_ms = torch.tensor([draft_ms + verify_cost(costs, n + 1) for n in self.lengths])
+        self.chosen: list[int] = []
+
+    def draft(self, features: torch.Tensor, last_token: int) -> torch.Tensor:
+        logits = self.runner.draft(features, last_token)  # (block - 1, vocab)
+        confidence = torch.softmax(logits.float(), dim=-1).amax(dim=-1)  # (block - 1,)
+        tokens = 1 + confidence.cumprod(0).cumsum(0)  # verifying k + 1 drafts buys tokens[k]
+        bought = tokens.cpu()[torch.tensor(self.lengths) - 1]  # (lengths,)
+        rates = (bought / self.step_ms).tolist()  # tokens per ms of each length
+        length = max(zip(rates, self.lengths))[1]  # a tie: the longer (it can only keep more)
+        self.chosen.append(length)
+        return logits[:length]
 
 
 class Foreseeing(Wrapped):
@@ -116,7 +144,9 @@ def run(args) -> int:
     prompts = [encode_for_generation(p, tokenizer, args.chat, args.thinking, False)[0]
                for p in read_prompts(args.prompts)]
     stops = stop_token_ids(args.model, tokenizer)
-    costs, _ = machine_costs(generate.ModelRunner, target, drafter, args.compile)
+    costs, _ = cached_calibration(calibration_key(target, drafter, args.compile), lambda: calibrate(
+        generate.ModelRunner, target, drafter, calibration_blocks(block, args.compile),
+        compile=args.compile))
     acceptance = logged_acceptance(args.draft)
     if acceptance is None:
         raise UsageError(f"{args.draft} has no training log to choose the auto block from")

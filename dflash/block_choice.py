@@ -31,7 +31,6 @@ import torch
 
 from dflash.checkpoint import write_json_atomically
 from dflash.drafter import Drafter
-from dflash.measure import Wrapped
 from dflash.qwen3 import Qwen3
 from dflash.sampling import Sampling
 
@@ -263,14 +262,6 @@ def calibration_blocks(largest: int, compile: bool = False) -> list[int]:
                    largest})
 
 
-def machine_costs(runner_class, target: Qwen3, drafter: Drafter,
-                  compile: bool) -> tuple[dict, bool]:
-    """This machine's pass costs for the pair (`calibrate`), kept; and whether measured now."""
-    largest = drafter.config.block_size
-    return cached_calibration(calibration_key(target, drafter, compile), lambda: calibrate(
-        runner_class, target, drafter, calibration_blocks(largest, compile), compile=compile))
-
-
 # ------------------------------------------------------------------ the choice
 
 
@@ -287,44 +278,13 @@ def choose_block(runner_class, target: Qwen3, drafter: Drafter, drafter_folder: 
         lengths = first_steps().acceptance_lengths
         acceptance = measured_acceptance(lengths, largest)
         source = f"acceptance {acceptance[0]:.2f} per slot from {len(lengths)} first steps"
-    costs, measured = machine_costs(runner_class, target, drafter, compile)
+    costs, measured = cached_calibration(
+        calibration_key(target, drafter, compile),
+        lambda: calibrate(runner_class, target, drafter, calibration_blocks(largest, compile),
+                          compile=compile))
     block, speeds = best_block(costs, acceptance, costs["blocks"])
     where = "calibrated now" if measured else "calibrated before"
     (say or (lambda line: print(line, file=sys.stderr)))(
         f"[block size auto: {block}, predicted {speeds[block] / speeds[largest]:.2f}x the tokens/s "
         f"of block {largest}; {source}; pass costs {where}, kept in {cache_file()}]")
     return block
-
-
-# ------------------------------------------------------------------ verify only what pays
-
-
-class VerifyWhatPays(Wrapped):
-    """A runner whose draft hands the loop only the first L drafts, so that the loop verifies
-    L + 1 slots: L, among a few `lengths` (a few shapes for compiled passes), buys the most
-    tokens per millisecond. If the drafter is calibrated, all drafts through slot k are kept
-    with chance c_k = q_1 ... q_k (q_j: its probability of its own guess at slot j), so the first
-    L drafts buy 1 + c_1 + ... + c_L tokens for a draft and a verify of L + 1 slots (`costs`,
-    `calibrate`'s). Lossless: the target still decides every token; it is offered fewer drafts.
-    Beyond the paper; measured in benchmarks/verify_what_pays.py."""
-
-    def __init__(self, runner, costs: dict, lengths: Sequence[int] | None = None):
-        super().__init__(runner)
-        block = runner.block_size
-        self.lengths = sorted(lengths or {max(1, block // 4 - 1), block // 2 - 1,
-                                          3 * block // 4 - 1, block - 1})
-        draft, verify = costs["draft_fit_ms"], costs["verify_fit_ms"]
-        self.step_ms = torch.tensor([draft["overhead"] + block * draft["per_token"]
-                                     + verify["overhead"] + (n + 1) * verify["per_token"]
-                                     for n in self.lengths])  # (lengths,)
-        self.chosen: list[int] = []
-
-    def draft(self, features: torch.Tensor, last_token: int) -> torch.Tensor:
-        logits = self.runner.draft(features, last_token)  # (block - 1, vocab)
-        confidence = torch.softmax(logits.float(), dim=-1).amax(dim=-1)  # (block - 1,)
-        tokens = 1 + confidence.cumprod(0).cumsum(0)  # verifying k + 1 drafts buys tokens[k]
-        bought = tokens.cpu()[torch.tensor(self.lengths) - 1]  # (lengths,)
-        rates = (bought / self.step_ms).tolist()  # tokens per ms of each length
-        length = max(zip(rates, self.lengths))[1]  # a tie: the longer (it can only keep more)
-        self.chosen.append(length)
-        return logits[:length]

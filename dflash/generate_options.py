@@ -59,10 +59,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokens per draft block (2..the drafter's; default the drafter's); auto: "
                    "the block this machine runs fastest, from a calibration of its pass costs "
                    "(kept per machine and model) and the drafter's acceptance")
-    p.add_argument("--verify-what-pays", action="store_true",
-                   help="verify only the drafts whose expected gain pays for their verify, from "
-                   "the drafter's confidence and this machine's pass costs (greedy chains; beyond "
-                   "the paper, lossless; benchmarks/verify_what_pays.py measures it)")
     p.add_argument("--tree", type=checked(int, "0 (no tree) or more", lambda x: x >= 0), default=0,
                    metavar="N", help="verify a draft tree of N nodes per step")
     add_device_options(p)
@@ -87,13 +83,9 @@ def check_options(args) -> Prompt:
     if args.block_size == "auto" and (args.tree or args.draft_policy != "greedy"):
         raise UsageError("--block-size auto is chosen for greedy chains: give a number with "
                          "--tree or a sampled --draft-policy")
-    if args.verify_what_pays and (args.tree or args.draft_policy != "greedy"):
-        raise UsageError("--verify-what-pays works on greedy chains: not with --tree or a "
-                         "sampled --draft-policy")
     if args.tree and args.draft_policy != "greedy":
         raise UsageError("--tree takes only the greedy draft policy")
     ignored = {"--compare": args.compare, "--tree": args.tree, "--block-size": args.block_size,
-               "--verify-what-pays": args.verify_what_pays,
                "--draft-policy": args.draft_policy != "greedy"}
     for option, given in ignored.items():
         if args.no_draft and given:

@@ -133,19 +133,7 @@ def test_generate_block_size_auto_picks_a_block_and_stays_lossless(tmp_path, mon
     assert json.loads((tmp_path / "block_costs.json").read_text())  # kept, one key
 
 
-def test_generate_verify_what_pays_stays_lossless(tmp_path, monkeypatch, capsys):
-    """Each step offers the target only some drafts; the output is still its greedy output."""
-    monkeypatch.setenv("DFLASH_CACHE", str(tmp_path))
-    argv = ["--prompt-ids", PROMPT_IDS, *PAIR, "--max-new-tokens", "40", "--json",
-            "--verify-what-pays", "--threads", "1"]
-    assert generate.main(argv) == 0
-    report = json.loads(capsys.readouterr().out)
-    assert report["output_ids"] == EXPECTED
-
-
 @pytest.mark.parametrize("extra, message", [
-    (["--verify-what-pays", "--tree", "4"], "--verify-what-pays works on greedy chains"),
-    (["--verify-what-pays", "--temperature", "0.7"], "--verify-what-pays is for greedy"),
     (["--block-size", "auto", "--tree", "4"], "--block-size auto is chosen for greedy chains"),
     (["--block-size", "auto", "--draft-policy", "sampled"], "greedy chains"),
     (["--block-size", "big"], "--block-size"),
