@@ -192,6 +192,22 @@ def checked_records(path: Path, vocab_size: int) -> Iterator[tuple[np.ndarray, n
         raise UsageError(f"{path}: cannot read the data file ({err})") from None
 
 
+def made_with_thinking(path: Path) -> bool:
+    """Whether make_data.py rendered the data's prompts with thinking on: its settings, in a packed
+    folder's manifest or on a JSONL file's first record. False where they are not said (data made
+    elsewhere): the chat template's default for an answer without a reasoning trace."""
+    try:
+        if Path(path).is_dir():
+            record = json.loads((Path(path) / MANIFEST).read_text())
+        else:
+            with open(path, encoding="utf-8") as file:
+                record = json.loads(file.readline() or "{}")
+    except (OSError, ValueError):  # unreadable here: load_sequences says why, in one line
+        return False
+    settings = record.get("settings") if isinstance(record, dict) else None
+    return isinstance(settings, dict) and settings.get("thinking") is True
+
+
 def pack(jsonl: Path, folder: Path, vocab_size: int, identity: dict) -> int:
     """Write make_data.py's JSONL as a packed folder: a flat token file, the loss masks, where each
     sequence starts and where its first block can, and `manifest.json` (the format, the sizes, the

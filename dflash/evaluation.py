@@ -27,12 +27,13 @@ from dflash.training import Distributed
 
 
 def held_out(path: Path, target: Qwen3, drafter: Drafter, tokenizer, *, stop_ids: Sequence[int],
-             max_new_tokens: int, token_healing: bool, place: Distributed) -> list[Continuation]:
+             max_new_tokens: int, token_healing: bool, place: Distributed,
+             thinking: bool = False) -> list[Continuation]:
     """This process's share of the held-out prompts, rendered (and healed) as make_data.py renders
-    its own and checked as the loop checks them, each with the target's greedy continuation: what
-    every evaluation replays."""
+    its own (`thinking` on or off, as the training data was made) and checked as the loop checks
+    them, each with the target's greedy continuation: what every evaluation replays."""
     vocab_size, block_size = target.config.vocab_size, drafter.config.block_size
-    prompts = encode_prompts(path, tokenizer, chat=None, thinking=False,
+    prompts = encode_prompts(path, tokenizer, chat=None, thinking=thinking,
                              token_healing=token_healing, vocab_size=vocab_size)
     prompts = prompts[place.rank::place.world]
     for index, (ids, _) in enumerate(prompts):  # what the loop would refuse, refused now

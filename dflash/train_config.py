@@ -272,7 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--dense-attention", action="store_true",
         help="attend under a dense mask, not skipping masked blocks")
     add("--eval-prompts", help="held-out prompt file: tau and per-slot acceptance as greedy DFlash "
-                               "serves them (on the target's greedy answers, made at the start)")
+                               "serves them (on the target's greedy answers, made at the start; "
+                               "thinking on or off as make_data.py made --data)")
     add("--eval-every", type=zero_or_more, help="steps between evaluations (--eval-prompts, "
         "--heldout; 0: only at the end)")
     add("--eval-max-new-tokens", type=positive_int, help="tokens decoded per held-out prompt")

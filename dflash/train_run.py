@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from dflash.cli import pick_dtype
-from dflash.data import Sequences, cut_note, load_sequences, split_heldout
+from dflash.data import Sequences, cut_note, load_sequences, made_with_thinking, split_heldout
 from dflash.drafter import DrafterConfig
 from dflash.evaluation import held_out
 from dflash.qwen3 import Qwen3
@@ -100,6 +100,7 @@ def start_run(cfg: TrainConfig, place: Distributed,
         stops = stop_token_ids(Path(cfg.tokenizer or cfg.target), tokenizer)
         run.continuations = held_out(Path(cfg.eval_prompts), target, drafter, tokenizer,
                                      stop_ids=stops, max_new_tokens=cfg.eval_max_new_tokens,
-                                     token_healing=not cfg.no_token_healing, place=place)
+                                     token_healing=not cfg.no_token_healing, place=place,
+                                     thinking=made_with_thinking(Path(cfg.data)))
     run.began = run.last_save = time.perf_counter()
     return run
