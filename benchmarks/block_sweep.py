@@ -7,10 +7,11 @@
 
 Greedy DFlash runs on every prompt of the set at each fixed block (2..the drafter's, or --blocks)
 and at the block `--block-size auto` picks (generate.py's choice: the calibrated pass costs and the
-drafter's acceptance, dflash/block_choice.py), in turns, --rounds times; a block's time is its
-least over the rounds (a busy machine's noise only adds time), its speed the tokens of all prompts
-over that time. The report: each block's tokens/s and tau, the pick's prediction, and the pick's
-measured speed as a share of the fastest block's. With one thread, times are the process's CPU
+drafter's acceptance, dflash/block_choice.py), in turns prompt by prompt, --rounds times; a
+block's time is the sum over prompts of each prompt's least time over the rounds (a busy
+machine's noise only adds time), its speed the tokens of all prompts over that time. The report:
+each block's tokens/s and tau, the pick's prediction, and the pick's measured speed as a share of
+the fastest block's. With one thread, times are the process's CPU
 time (a neighbour's share of the cores does not count); with more, wall time.
 """
 
@@ -42,28 +43,34 @@ from dflash.tokenizer import find_tokenizer, stop_token_ids  # noqa: E402
 
 def sweep(target: Qwen3, drafter: Drafter, prompts: list[list[int]], stops: list[int],
           blocks: Sequence[int], args, clock) -> dict[int, dict]:
-    """Each block's least time over the rounds for all prompts, its tokens/s and tau."""
+    """Each block's tokens/s over all prompts: every prompt's least time over the rounds, summed.
+    The blocks take turns prompt by prompt, so a busy spell slows one prompt's run of one block,
+    and another round's run of it replaces that one."""
     longest = max(map(len, prompts)) + args.max_new_tokens + 2 * max(blocks)
     runners = {n: generate.ModelRunner(target, drafter, block_size=n, max_length=longest,
                                        compile=args.compile) for n in blocks}
 
-    def run_all(n: int) -> list:
-        return [generate.generate_dflash(target, drafter, ids, args.max_new_tokens, stop_ids=stops,
-                                         runner=runners[n]) for ids in prompts]
+    def run_one(n: int, ids: list[int]):
+        return generate.generate_dflash(target, drafter, ids, args.max_new_tokens, stop_ids=stops,
+                                        runner=runners[n])
 
     for n in blocks:  # unmeasured: allocations, kernels, compiling every bucket the runs read
-        run_all(n)
-    best, results = dict.fromkeys(blocks, float("inf")), {}
+        for ids in prompts:
+            run_one(n, ids)
+    best = {n: [float("inf")] * len(prompts) for n in blocks}
+    results = {n: [None] * len(prompts) for n in blocks}
     for _ in range(args.rounds):
-        for n in blocks:  # in turns: a busy spell slows every block alike
-            began = clock()
-            results[n] = run_all(n)
-            best[n] = min(best[n], clock() - began)
+        for i, ids in enumerate(prompts):
+            for n in blocks:  # in turns
+                began = clock()
+                results[n][i] = run_one(n, ids)
+                best[n][i] = min(best[n][i], clock() - began)
     figures = {}
     for n in blocks:
         tokens = sum(r.new_tokens for r in results[n])
         steps = sum(r.steps for r in results[n])
-        figures[n] = {"seconds": best[n], "tokens": tokens, "tokens_per_s": tokens / best[n],
+        seconds = sum(best[n])
+        figures[n] = {"seconds": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds,
                       "tau": sum(sum(r.acceptance_lengths) for r in results[n]) / steps}
     return figures
 

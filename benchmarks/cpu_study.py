@@ -338,8 +338,9 @@ def study_row(target, drafter, args, shape: str, dtype: str, threads: int, progr
     fitted_sweep = {}
     if costs["verify_fit_ms"]:  # two block sizes or more
         fitted = block_sweep(costs, p, fitted=True)
-        auto, _ = best_block(costs, geometric(p, args.block_size), args.tokens)  # of those timed
-        fitted_sweep = {"block_sweep_fitted": fitted, "best_block_fitted": auto}  # as generate.py
+        auto, _ = best_block(costs, geometric(p, args.block_size), args.tokens)  # as generate.py
+        fitted_sweep = {"block_sweep_fitted": fitted,
+                        "best_block_fitted": max(fitted, key=fitted.get), "auto_block": auto}
     return {"shape": shape, "dtype": dtype, "threads": threads, "clock": clock,
             "parameters_b": sum(x.numel() for x in target.parameters()) / 1e9, **costs,
             "plain_tokens_per_s": loops["plain_tokens_per_s"], "prefill_ms": loops["prefill_ms"],

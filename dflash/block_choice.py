@@ -9,8 +9,8 @@ So the best block is a property of the pair *and* the machine, and is worked out
     tokens per step (n)  = 1 + a1 + a1 a2 + ... + a1 ... a(n-1)     (a_k: slot k's acceptance)
     predicted speed (n)  = tokens per step (n) / (draft(n) + verify(n))
 
-The pass costs come from a short calibration through the runner the loops use, fitted to straight
-lines (overhead + n * per token) so that one noisy timing does not move the choice, and cached per
+The pass costs come from a short calibration through the runner the loops use (each pass's least
+time over many rounds, at a few blocks; lines fitted to them for the blocks between), cached per
 machine, threads, dtype, compile mode and model shape. The acceptance comes from the drafter's
 training log (its per-slot accuracy, the figure nearest to what serving sees), or, for a drafter
 without a log, from the mean acceptance of a few steps at its full block.
@@ -70,13 +70,22 @@ def acceptance_for(tau: float, block_size: int) -> float:
     return (low + high) / 2
 
 
-def predicted_speeds(costs: dict, acceptance: Sequence[float], blocks: Sequence[int]) -> dict:
-    """Tokens per millisecond of each of `blocks`, from the fitted pass costs (`calibrate`)."""
-    def fitted(name: str, n: int) -> float:
-        line = costs[f"{name}_fit_ms"]
-        return line["overhead"] + n * line["per_token"]
+def pass_ms(costs: dict, name: str, n: int) -> float:
+    """The `name` pass's milliseconds at block n (`calibrate`'s): as timed, the least over many
+    rounds, where n was timed; else from the line fitted to the blocks that were. A pass's cost
+    is not quite a line (on the demo pair, eager, verifying 16 tokens cost what 12 did)."""
+    timed = costs.get(f"{name}_ms", {})
+    for key in (n, str(n)):  # int keys; str once kept as JSON
+        if key in timed:
+            return timed[key]
+    line = costs[f"{name}_fit_ms"]
+    return line["overhead"] + n * line["per_token"]
 
-    return {n: tokens_per_step(acceptance, n) / (fitted("draft", n) + fitted("verify", n))
+
+def predicted_speeds(costs: dict, acceptance: Sequence[float], blocks: Sequence[int]) -> dict:
+    """Tokens per millisecond of each of `blocks`, from the pass costs (`pass_ms`)."""
+    return {n: tokens_per_step(acceptance, n) / (pass_ms(costs, "draft", n)
+                                                 + pass_ms(costs, "verify", n))
             for n in blocks}
 
 
