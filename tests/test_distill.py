@@ -260,7 +260,7 @@ def test_distilling_on_two_processes_trains_the_one_process_drafter(made, tmp_pa
 
 
 MEMORY_PROBE = """
-import os, resource, sys, torch
+import sys, torch
 from dflash.train_kernels import chunked_lm_head_loss
 slots, vocab = 512, 151_936
 generator = torch.Generator().manual_seed(0)
@@ -268,10 +268,14 @@ hidden = torch.randn(slots, 64, generator=generator, requires_grad=True)
 head, teacher = torch.randn(vocab, 64, generator=generator) / 8, torch.randn(slots, 64)
 labels, weights = torch.randint(0, vocab, (slots,)), torch.full((slots,), 1 / slots)
 distilling = {"teacher": teacher} if sys.argv[1] == "distill" else {}
-with open("/proc/self/statm") as statm:  # resident now, not the high-water mark setting up left
-    before = int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 1024
+def status(field):  # kB, from /proc/self/status
+    with open("/proc/self/status") as lines:
+        return next(int(line.split()[1]) for line in lines if line.startswith(field + ":"))
+with open("/proc/self/clear_refs", "w") as refs:  # the high-water mark restarts from now
+    refs.write("5")
+before = status("VmRSS")
 chunked_lm_head_loss(hidden, head, labels, weights, 128, **distilling)[0].backward()
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024)
+print((status("VmHWM") - before) / 1024)
 """
 
 

@@ -104,6 +104,9 @@ PROGRAMS = {
 }
 if (ROOT / "benchmarks" / "cpu_study.py").exists():  # it times real Qwen3 shapes: its parser only
     PROGRAMS["benchmarks/cpu_study.py"] = Program("cpu_study", lambda folder: [], parse_only=True)
+# Measurements of minutes (sweeps, compiled runs, busy cores): their parsers only.
+for name in ("block_sweep", "verify_what_pays", "busy_neighbour"):
+    PROGRAMS[f"benchmarks/{name}.py"] = Program(name, lambda folder: [], parse_only=True)
 # Scripts with a parser that measure rather than serve a user: not walked.
 NOT_WALKED = {"benchmarks/bench_load.py", "benchmarks/bench_train.py", "benchmarks/gpu_check.py",
               "benchmarks/pass_costs.py", "benchmarks/step_overheads.py"}
