@@ -33,12 +33,10 @@ import generate  # noqa: E402
 from cpu_study import cpu_description, listed  # noqa: E402
 from dflash.block_choice import choose_block  # noqa: E402
 from dflash.checkpoint import write_json_atomically  # noqa: E402
-from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_output,  # noqa: E402
-                        checked, pick_device, pick_dtype, positive_int, run_cli)
+from dflash.cli import OneLineErrors, UsageError, checked, run_cli  # noqa: E402
 from dflash.drafter import Drafter  # noqa: E402
-from dflash.prompts import add_prompt_options, encode_for_generation, read_prompts  # noqa: E402
 from dflash.qwen3 import Qwen3  # noqa: E402
-from dflash.tokenizer import find_tokenizer, stop_token_ids  # noqa: E402
+from sweep_common import add_sweep_options, load_sweep  # noqa: E402
 
 
 def sweep(target: Qwen3, drafter: Drafter, prompts: list[list[int]], stops: list[int],
@@ -76,20 +74,11 @@ def sweep(target: Qwen3, drafter: Drafter, prompts: list[list[int]], stops: list
 
 
 def run(args) -> int:
-    if args.json:
-        check_output(args.json, "--json")
-    device = pick_device(args.device)
-    dtype = pick_dtype(args.dtype, device, args.model)
-    target = Qwen3.from_pretrained(args.model, device=device, dtype=dtype)
-    drafter = Drafter.from_pretrained(args.draft, target=target, device=device, dtype=dtype)
+    device, target, drafter, prompts, stops = load_sweep(args)
     largest = drafter.config.block_size
     blocks = args.blocks or list(range(2, largest + 1))
     if max(blocks) > largest:
         raise UsageError(f"--blocks {max(blocks)} is past the drafter's block of {largest}")
-    tokenizer = find_tokenizer(args.model)
-    prompts = [encode_for_generation(p, tokenizer, args.chat, args.thinking, False)[0]
-               for p in read_prompts(args.prompts)]
-    stops = stop_token_ids(args.model, tokenizer)
     began = time.perf_counter()
     said = []
     auto = choose_block(generate.ModelRunner, target, drafter, args.draft, compile=args.compile,
@@ -103,7 +92,7 @@ def run(args) -> int:
     fastest = max(figures, key=lambda n: figures[n]["tokens_per_s"])
     share = figures[auto]["tokens_per_s"] / figures[fastest]["tokens_per_s"]
     report = {"conditions": {"cpu": cpu_description(), "device": str(device),
-                             "dtype": str(dtype).removeprefix("torch."),
+                             "dtype": str(target.embed_tokens.weight.dtype).removeprefix("torch."),
                              "threads": torch.get_num_threads(), "compile": args.compile,
                              "clock": "cpu" if clock is time.process_time else "wall",
                              "torch": torch.__version__, "prompts": str(args.prompts),
@@ -125,19 +114,10 @@ def run(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineErrors(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", type=Path, default=generate.WEIGHTS / "tiny-qwen3")
-    p.add_argument("--draft", type=Path, default=generate.WEIGHTS / "tiny-qwen3-dflash")
-    p.add_argument("--prompts", type=Path, default=generate.WEIGHTS / "heldout_problems.jsonl")
     block = checked(int, "at least 2", lambda x: x >= 2)
     p.add_argument("--blocks", type=listed(block, rule="comma-separated int, at least 2"),
                    help="the fixed blocks, e.g. 4,8,12,16 (default: 2..the drafter's)")
-    p.add_argument("--max-new-tokens", type=positive_int, default=128)
-    p.add_argument("--rounds", type=positive_int, default=3,
-                   help="turns of every block (the least time kept)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the fixed-shape passes")
-    add_device_options(p)
-    add_prompt_options(p)
-    p.add_argument("--json", type=Path, help="also write the report to this file")
+    add_sweep_options(p, "block")
     return p
 
 

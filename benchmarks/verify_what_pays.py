@@ -35,16 +35,11 @@ import torch  # noqa: E402
 
 import generate  # noqa: E402
 from cpu_study import cpu_description, listed  # noqa: E402
-from dflash.block_choice import (best_block, calibrate, calibration_blocks,  # noqa: E402
-                                 calibration_key, cached_calibration, logged_acceptance)
+from dflash.block_choice import best_block, logged_acceptance, machine_costs  # noqa: E402
 from dflash.checkpoint import write_json_atomically  # noqa: E402
-from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_output,  # noqa: E402
-                        checked, pick_device, pick_dtype, positive_int, run_cli)
-from dflash.drafter import Drafter  # noqa: E402
+from dflash.cli import OneLineErrors, UsageError, checked, run_cli  # noqa: E402
 from dflash.measure import Wrapped  # noqa: E402
-from dflash.prompts import add_prompt_options, encode_for_generation, read_prompts  # noqa: E402
-from dflash.qwen3 import Qwen3  # noqa: E402
-from dflash.tokenizer import find_tokenizer, stop_token_ids  # noqa: E402
+from sweep_common import add_sweep_options, load_sweep  # noqa: E402
 
 
 def verify_cost(costs: dict, n: int) -> float:
@@ -131,22 +126,11 @@ def measure(target, drafter, prompts, stops, makers, args, clock) -> dict:
 
 
 def run(args) -> int:
-    if args.json:
-        check_output(args.json, "--json")
-    device = pick_device(args.device)
-    dtype = pick_dtype(args.dtype, device, args.model)
-    target = Qwen3.from_pretrained(args.model, device=device, dtype=dtype)
-    drafter = Drafter.from_pretrained(args.draft, target=target, device=device, dtype=dtype)
+    device, target, drafter, prompts, stops = load_sweep(args)
     block = drafter.config.block_size
     if max(args.lengths) > block - 1:
         raise UsageError(f"--lengths {max(args.lengths)} is past the drafter's {block - 1} drafts")
-    tokenizer = find_tokenizer(args.model)
-    prompts = [encode_for_generation(p, tokenizer, args.chat, args.thinking, False)[0]
-               for p in read_prompts(args.prompts)]
-    stops = stop_token_ids(args.model, tokenizer)
-    costs, _ = cached_calibration(calibration_key(target, drafter, args.compile), lambda: calibrate(
-        generate.ModelRunner, target, drafter, calibration_blocks(block, args.compile),
-        compile=args.compile))
+    costs, _ = machine_costs(generate.ModelRunner, target, drafter, args.compile)
     acceptance = logged_acceptance(args.draft)
     if acceptance is None:
         raise UsageError(f"{args.draft} has no training log to choose the auto block from")
@@ -167,7 +151,8 @@ def run(args) -> int:
                       "same_as_plain": all(r.new_ids == p.new_ids for r, p in zip(runs, plain))}
     shares = {n: paying.chosen.count(n) / len(paying.chosen) for n in args.lengths}
     report = {"conditions": {"cpu": cpu_description(), "device": str(device),
-                             "dtype": str(dtype).removeprefix("torch."), "compile": args.compile,
+                             "dtype": str(target.embed_tokens.weight.dtype).removeprefix("torch."),
+                             "compile": args.compile,
                              "threads": torch.get_num_threads(), "torch": torch.__version__,
                              "prompts": str(args.prompts), "max_new_tokens": args.max_new_tokens,
                              "rounds": args.rounds, "lengths": args.lengths},
@@ -190,19 +175,10 @@ def run(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineErrors(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                       formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", type=Path, default=generate.WEIGHTS / "tiny-qwen3")
-    p.add_argument("--draft", type=Path, default=generate.WEIGHTS / "tiny-qwen3-dflash")
-    p.add_argument("--prompts", type=Path, default=generate.WEIGHTS / "heldout_problems.jsonl")
     p.add_argument("--lengths", type=listed(checked(int, "positive", lambda x: x > 0),
                                             rule="comma-separated positive int"),
                    default=[3, 7, 11, 15], help="the drafts a step may verify (default 3,7,11,15)")
-    p.add_argument("--max-new-tokens", type=positive_int, default=128)
-    p.add_argument("--rounds", type=positive_int, default=3,
-                   help="turns of every loop (the least time kept)")
-    p.add_argument("--compile", action="store_true", help="torch.compile the fixed-shape passes")
-    add_device_options(p)
-    add_prompt_options(p)
-    p.add_argument("--json", type=Path, help="also write the report to this file")
+    add_sweep_options(p, "loop")
     return p
 
 

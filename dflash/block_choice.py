@@ -271,6 +271,14 @@ def calibration_blocks(largest: int, compile: bool = False) -> list[int]:
                    largest})
 
 
+def machine_costs(runner_class, target: Qwen3, drafter: Drafter,
+                  compile: bool) -> tuple[dict, bool]:
+    """This machine's pass costs for the pair (`calibrate`), kept; and whether measured now."""
+    largest = drafter.config.block_size
+    return cached_calibration(calibration_key(target, drafter, compile), lambda: calibrate(
+        runner_class, target, drafter, calibration_blocks(largest, compile), compile=compile))
+
+
 # ------------------------------------------------------------------ the choice
 
 
@@ -287,10 +295,7 @@ def choose_block(runner_class, target: Qwen3, drafter: Drafter, drafter_folder: 
         lengths = first_steps().acceptance_lengths
         acceptance = measured_acceptance(lengths, largest)
         source = f"acceptance {acceptance[0]:.2f} per slot from {len(lengths)} first steps"
-    costs, measured = cached_calibration(
-        calibration_key(target, drafter, compile),
-        lambda: calibrate(runner_class, target, drafter, calibration_blocks(largest, compile),
-                          compile=compile))
+    costs, measured = machine_costs(runner_class, target, drafter, compile)
     block, speeds = best_block(costs, acceptance, costs["blocks"])
     where = "calibrated now" if measured else "calibrated before"
     (say or (lambda line: print(line, file=sys.stderr)))(

@@ -22,7 +22,8 @@ class ChunkedLMHeadLoss(torch.autograd.Function):
     + d * KL(target || drafter) (`distillation_terms`)."""
 
     @staticmethod
-    def forward(ctx, hidden, head, labels, label_weights, chunk_size: int, distilling=None):
+    def forward(ctx, hidden, head, targets, chunk_size: int, distilling=None):
+        labels, label_weights = targets  # (N,) each: what each slot is scored against, its weight
         wants_grad = ctx.needs_input_grad[0]
         dtype = torch.promote_types(head.dtype, torch.float32)  # the softmax's: float32 at least
         total = torch.zeros((), dtype=dtype, device=hidden.device)
@@ -43,7 +44,7 @@ class ChunkedLMHeadLoss(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_total, grad_hits):
         (grad_hidden,) = ctx.saved_tensors
-        return grad_hidden * grad_total.to(grad_hidden.dtype), None, None, None, None, None
+        return grad_hidden * grad_total.to(grad_hidden.dtype), None, None, None, None
 
 
 def chunk_loss(hidden, head, labels, weights, distilling, wants_grad: bool):
@@ -106,7 +107,8 @@ def chunked_lm_head_loss(hidden: torch.Tensor, head: torch.Tensor, labels: torch
                          "frozen")
     if chunk_size > 0:
         distilling = None if teacher is None else (teacher, distill_weight)
-        return ChunkedLMHeadLoss.apply(hidden, head, labels, label_weights, chunk_size, distilling)
+        return ChunkedLMHeadLoss.apply(hidden, head, (labels, label_weights), chunk_size,
+                                       distilling)
     logits = F.linear(hidden.to(head.dtype), head)  # (N, vocab)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # float32 at least
     losses = F.cross_entropy(logits, labels, reduction="none")  # (N,)
