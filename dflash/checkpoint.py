@@ -6,6 +6,7 @@ import json
 import math
 import os
 import re
+import sys
 import tempfile
 from pathlib import Path
 from typing import Callable
@@ -20,10 +21,19 @@ class CheckpointError(ValueError):
     """A checkpoint this code cannot load. The message is one line a CLI can print."""
 
 
-def read_text(path: Path, error: type[Exception] = CheckpointError, what: str = "file") -> str:
-    """A file's text; every way reading it fails is one `error` naming the file."""
+# A side file (a cache, a log, a lock, an index, a manifest) is small; one larger than this is
+# not ours, and reading it whole could take the machine's memory.
+SIDE_FILE_LIMIT = 64 * 2**20
+
+
+def read_text(path: Path, error: type[Exception] = CheckpointError, what: str = "file",
+              limit: int | None = None) -> str:
+    """A file's text; every way reading it fails is one `error` naming the file. `limit` caps
+    its size in bytes (side files), checked before a byte is read."""
     check_regular_file(path, error, what)
     try:
+        if limit is not None and Path(path).stat().st_size > limit:
+            raise error(f"{path}: the {what} is larger than {limit} bytes")
         return Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise error(f"{path}: {what} not found") from None
@@ -42,16 +52,69 @@ def check_regular_file(path: Path, error: type[Exception] = CheckpointError,
 
 
 def parse_json(text: str, where, error: type[Exception] = CheckpointError):
-    """`json.loads`, failing with one `error` line that starts with `where` (a file, or "file:line")."""
+    """`json.loads`, failing with one `error` line that starts with `where` (a file, or "file:line").
+    Also refused: a key given twice in one object (which value was meant?) and nesting too deep
+    for Python's parser, which would otherwise end in a RecursionError."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=lambda pairs: unique_keys(pairs, where, error))
     except json.JSONDecodeError as err:
+        raise error(f"{where}: not valid JSON ({err})") from None
+    except RecursionError:
+        raise error(f"{where}: not valid JSON (nested too deeply)") from None
+    except ValueError as err:  # a number of more than 4,300 digits
+        if isinstance(err, error):
+            raise
         raise error(f"{where}: not valid JSON ({err})") from None
 
 
-def read_json(path: Path, error: type[Exception] = CheckpointError):
-    """The project's one JSON file reader (configs, shard indexes, tokenizer configs)."""
-    return parse_json(read_text(path, error), path, error)
+def unique_keys(pairs: list[tuple[str, object]], where, error: type[Exception]) -> dict:
+    """A JSON object's pairs as a dict, refusing a key that comes twice."""
+    found = {}
+    for key, value in pairs:
+        if key in found:
+            raise error(f"{where}: the key {json.dumps(key)} comes twice in one object")
+        found[key] = value
+    return found
+
+
+def read_json(path: Path, error: type[Exception] = CheckpointError, what: str = "file",
+              limit: int | None = None):
+    """The project's one JSON file reader (configs, shard indexes, tokenizer configs, side files)."""
+    return parse_json(read_text(path, error, what, limit), path, error)
+
+
+def read_jsonl(path: Path, what: str, error: type[Exception] = CheckpointError,
+               whole_lines_only: bool = False, limit: int | None = None):
+    """("file:line", parsed JSON) for every non-blank line, so that errors name the line;
+    `whole_lines_only` drops a last line without its newline: what a run killed mid-append
+    leaves behind, so the records written whole still count."""
+    text = read_text(path, error, what, limit)
+    if whole_lines_only:
+        text = text[: text.rfind("\n") + 1]
+    return [(f"{path}:{number}", parse_json(line, f"{path}:{number}", error))
+            for number, line in enumerate(text.splitlines(), start=1) if line.strip()]
+
+
+def read_side_file(path: Path, what: str, check: Callable[[object], str | None],
+                   lines: bool = False):
+    """A file the project wrote for itself and reads back (a calibration cache, a training log),
+    read with suspicion: a regular file under SIDE_FILE_LIMIT, UTF-8, valid JSON (a JSONL log
+    counted up to its last whole line), and `check(value)` returning None (or what is wrong).
+    Such a file only saves work, so a bad one counts as absent: None, with one note on stderr
+    saying why, and the program goes on as if it were not there."""
+    if not Path(path).exists():
+        return None
+    try:
+        value = (read_jsonl(path, what, CheckpointError, whole_lines_only=True,
+                            limit=SIDE_FILE_LIMIT) if lines
+                 else read_json(path, CheckpointError, what, SIDE_FILE_LIMIT))
+        problem = check(value)
+    except CheckpointError as err:
+        problem, value = str(err).removeprefix(f"{path}: "), None
+    if problem is None:
+        return value
+    print(f"note: {path}: the {what} is ignored ({problem})", file=sys.stderr)
+    return None
 
 
 def is_integer(value) -> bool:

@@ -9,11 +9,11 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Sequence
 
 import torch
 
-from dflash.checkpoint import CheckpointError, parse_json, read_text
+from dflash.checkpoint import CheckpointError, read_jsonl
 from dflash.tokenizer import TokenizerError
 
 
@@ -198,12 +198,7 @@ def check_token_ids(ids: Sequence[int], vocab_size: int, where: str) -> None:
         raise UsageError(f"{where}: token id {outside[0]} is outside the vocabulary (0..{vocab_size - 1})")
 
 
-def jsonl_records(path: Path, what: str, whole_lines_only: bool = False) -> Iterator[tuple[str, object]]:
-    """("file:line", parsed JSON) for every non-blank line, so that errors name the line; `whole_lines_only`
-    skips a last line without its newline: a record a crash cut short."""
-    text = read_text(path, UsageError, what)
-    if whole_lines_only:
-        text = text[: text.rfind("\n") + 1]
-    for number, line in enumerate(text.splitlines(), start=1):
-        if line.strip():
-            yield f"{path}:{number}", parse_json(line, f"{path}:{number}", UsageError)
+def jsonl_records(path: Path, what: str, whole_lines_only: bool = False) -> list[tuple[str, object]]:
+    """("file:line", parsed JSON) for every non-blank line of a file the user names (see
+    `checkpoint.read_jsonl`); what is wrong with it is a UsageError."""
+    return read_jsonl(path, what, UsageError, whole_lines_only)
