@@ -7,6 +7,7 @@ import argparse
 import json
 import math
 import os
+import signal
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -44,6 +45,19 @@ def run_cli(parser: argparse.ArgumentParser, run: Callable[..., int], argv: Sequ
     except (UsageError, CheckpointError, TokenizerError) as err:  # what a user can fix
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C where a program has no more to say: the shell's 130
+        print("error: interrupted (Ctrl-C)", file=sys.stderr)
+        return 128 + signal.SIGINT
+    except OSError as err:  # the machine refused (a full disk, a folder moved away, no rights)
+        print(f"error: {os_error_line(err)}", file=sys.stderr)
+        return 2
+
+
+def os_error_line(err: OSError) -> str:
+    """An operating system's refusal as one line naming the file: "path: No space left on device"."""
+    where = ", ".join(str(name) for name in (err.filename, err.filename2) if name is not None)
+    reason = err.strerror or str(err) or type(err).__name__
+    return f"{where}: {reason}" if where else reason
 
 
 def add_device_options(parser: argparse.ArgumentParser) -> None:

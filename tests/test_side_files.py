@@ -73,3 +73,20 @@ def test_a_good_side_file_is_returned(tmp_path):
     cache = tmp_path / "c.json"
     cache.write_text('{"key": {"decode_ms": 1.5}}')
     assert read_side_file(cache, "calibration cache", accept_dict) == {"key": {"decode_ms": 1.5}}
+
+
+def test_run_cli_turns_ctrl_c_and_os_errors_into_one_line(capsys):
+    import argparse
+
+    from dflash.cli import run_cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    def disk_full(args):
+        raise OSError(28, "No space left on device", "/out/model.safetensors")
+
+    assert run_cli(argparse.ArgumentParser(), interrupted, []) == 130
+    assert capsys.readouterr().err == "error: interrupted (Ctrl-C)\n"
+    assert run_cli(argparse.ArgumentParser(), disk_full, []) == 2
+    assert capsys.readouterr().err == "error: /out/model.safetensors: No space left on device\n"
