@@ -1,6 +1,7 @@
 """What a reader of one DFlash step meets below `generate_dflash`: few functions, in three files; a
 runner nothing outside it changes; attention that keeps SDPA's fused kernels where it can."""
 
+import functools
 import os
 import sys
 from pathlib import Path
@@ -28,7 +29,28 @@ def demo_pair():
     return target, Drafter.from_pretrained(WEIGHTS / "tiny-qwen3-dflash", target=target)
 
 
-def functions_called_by_the_steps(target, drafter, prompt: list[int], new: int) -> set[tuple[str, str]]:
+INSTALLED = {"site-packages", "dist-packages"}  # where an environment keeps its packages
+
+
+@functools.lru_cache(maxsize=None)
+def is_project_file(path: str, root: Path = ROOT) -> bool:
+    """Whether the code at `path` (a code object's file name) is the project's own. Decided on the
+    path's folders, not its text: a virtual environment beside the clone whose name starts like it
+    (`dflash-venv` beside `dflash`) passes a text-prefix test, and one inside it (CI's `.venv`)
+    lies under the root: both hold torch. Cached, as the profile hook asks once per call."""
+    if not os.path.isabs(path):  # "<frozen importlib._bootstrap>", "<string>": no file of ours
+        return False
+    file = Path(path).resolve()
+    if not file.is_relative_to(root):
+        return False
+    folders = file.relative_to(root).parts[:-1]
+    in_environment = bool(folders) and (root / folders[0] / "pyvenv.cfg").is_file()
+    return not in_environment and not INSTALLED.intersection(folders)
+
+
+def functions_called_by_the_steps(
+    target, drafter, prompt: list[int], new: int
+) -> set[tuple[str, str]]:
     """(file, function) of every project function the greedy DFlash steps call after the prefill
     (from the first draft on), traced with a profile hook as `sys.setprofile` sees them."""
     calls, runner = set(), ModelRunner(target, drafter, max_length=len(prompt) + new + 16)
@@ -37,8 +59,8 @@ def functions_called_by_the_steps(target, drafter, prompt: list[int], new: int) 
     def hook(frame, event, arg):
         path, name = frame.f_code.co_filename, frame.f_code.co_qualname
         stepping.extend([True] if not stepping and name == "ModelRunner.draft" else [])
-        if stepping and event == "call" and path.startswith(str(ROOT)) and ".venv" not in path:
-            calls.add((os.path.relpath(path, ROOT), name))
+        if stepping and event == "call" and is_project_file(path):
+            calls.add((Path(path).resolve().relative_to(ROOT).as_posix(), name))
 
     sys.setprofile(hook)
     try:
@@ -46,6 +68,25 @@ def functions_called_by_the_steps(target, drafter, prompt: list[int], new: int) 
     finally:
         sys.setprofile(None)
     return calls
+
+
+def test_only_the_clones_own_files_count_as_the_projects(tmp_path):
+    """A venv beside the clone whose name starts like it, one inside it, a folder of installed
+    packages, or a file name that is no file: none is the project's; its own modules are."""
+    root = Path("/x/dflash")
+    torch_file = "lib/python3.11/site-packages/torch/nn.py"
+    assert is_project_file("/x/dflash/generate.py", root)
+    assert is_project_file("/x/dflash/dflash/qwen3.py", root)
+    assert not is_project_file(f"/x/dflash-venv/{torch_file}", root)
+    assert not is_project_file(f"/x/dflash/.venv/{torch_file}", root)
+    assert not is_project_file(f"/x/dflash/env/{torch_file}", root)
+    assert not is_project_file("/x/other/generate.py", root)
+    assert not is_project_file("<frozen importlib._bootstrap>", root)
+    clone = tmp_path / "dflash"  # an environment without a site-packages folder on the path
+    (clone / "py").mkdir(parents=True)
+    (clone / "py" / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    assert not is_project_file(str(clone / "py" / "lib" / "x.py"), clone)
+    assert is_project_file(str(clone / "train.py"), clone)
 
 
 def test_a_greedy_step_calls_few_functions_in_three_files(demo_pair):
