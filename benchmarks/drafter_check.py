@@ -42,7 +42,8 @@ if str(ROOT) not in sys.path:
 
 from dflash.checkpoint import (is_integer, parse_json, read_json, read_side_file,  # noqa: E402
                               read_text)
-from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_output,  # noqa: E402
+from bench_common import check_report_output, write_report  # noqa: E402
+from dflash.cli import (OneLineErrors, UsageError, add_device_options,  # noqa: E402
                         check_token_ids, int_list, pick_device, pick_dtype, positive_int, run_cli)
 from dflash.drafter import Drafter  # noqa: E402
 from dflash.engine_fields import engine_field_problems  # noqa: E402
@@ -532,8 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    if args.json:
-        check_output(Path(args.json), "--json")  # not only after the whole check has run
+    inputs = {"--model": args.model, "--draft": args.draft, "--prompts": args.prompts,
+              "--engine-acceptance": args.engine_acceptance}
+    check_report_output(args.json, "--json", inputs)  # not only after the whole check has run
     engine = None  # read before any model loads: a bad file costs nothing
     if args.engine_acceptance:
         engine = read_engine_acceptance(Path(args.engine_acceptance))
@@ -559,8 +561,7 @@ def run(args) -> int:
                                             report.served_acceptance_per_slot)
     print_report(report)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(asdict(report), indent=2) + "\n")
+        write_report(Path(args.json), asdict(report))
     return 0
 
 
