@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from dflash.checkpoint import is_number, read_side_file, write_json_atomically
+from dflash.checkpoint import read_side_file, write_json_atomically
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
 from dflash.sampling import Sampling
@@ -131,7 +131,7 @@ def log_problem(records: list[tuple[str, object]]) -> str | None:
 
 
 def are_rates(rates) -> bool:
-    return isinstance(rates, list) and bool(rates) and all(is_number(rate) and 0 <= rate <= 1
+    return isinstance(rates, list) and bool(rates) and all(is_between(rate, 0, 1)
                                                            for rate in rates)
 
 
@@ -289,6 +289,17 @@ def cache_problem(cache, key: str, blocks: Sequence[int]) -> str | None:
     return f"its entry for this machine and pair: {problem}" if problem else None
 
 
+# A pass's milliseconds kept in the cache are at most this (11 days): a larger figure is no
+# measurement, and one of 400 digits would overflow the float it is divided into.
+MOST_MS = 1e9
+
+
+def is_between(value, low: float, high: float) -> bool:
+    """A JSON number (not true/false) from low to high, compared as it is (never converted, so
+    no overflow); NaN and the infinities are in no such range."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
+
+
 def costs_problem(costs, blocks: Sequence[int]) -> str | None:
     """What is wrong with kept pass costs, or None: they must time exactly `blocks` (the ones
     offered), each pass in finite milliseconds above 0 (the costs divide the tokens), and fit
@@ -301,11 +312,11 @@ def costs_problem(costs, blocks: Sequence[int]) -> str | None:
         timed, line = costs.get(f"{name}_ms"), costs.get(f"{name}_fit_ms")
         if not isinstance(timed, dict) or sorted(timed) != sorted(map(str, blocks)):
             return f"{name}_ms must give the milliseconds of blocks {list(blocks)}"
-        if not all(is_number(ms) and ms > 0 for ms in timed.values()):
-            return f"{name}_ms must be finite numbers above 0"
+        if not all(is_between(ms, 0, MOST_MS) and ms > 0 for ms in timed.values()):
+            return f"{name}_ms must be numbers above 0, up to {MOST_MS:g}"
         if not (isinstance(line, dict) and sorted(line) == ["overhead", "per_token"]
-                and all(map(is_number, line.values()))):
-            return f"{name}_fit_ms must be {{overhead, per_token}}, finite numbers"
+                and all(is_between(ms, -MOST_MS, MOST_MS) for ms in line.values())):
+            return f"{name}_fit_ms must be {{overhead, per_token}}, numbers within {MOST_MS:g}"
     return None
 
 
