@@ -178,7 +178,7 @@ def training_log_claim(drafter_folder: Path) -> dict | None:
     writes it: then one note says why, and the check goes on without it). A line cut by a killed run is not counted."""
     records = read_side_file(drafter_folder / "train_log.jsonl", "training log", log_problem, lines=True)
     records = [record for _, record in records or ()]
-    if not records or "slot_accuracy" not in records[-1]:
+    if not records or records[-1].get("slot_accuracy") is None:
         return None
     evaluated = [record["eval_tau"] for record in records if record.get("eval_tau") is not None]
     claim = {"step": records[-1]["step"], "slot_accuracy": records[-1]["slot_accuracy"],
@@ -212,7 +212,7 @@ def log_problem(records: list[tuple[str, object]]) -> str | None:
             if record.get(name) is not None and not ok(record[name]):
                 return f"line {line}: {name} must be {rule}, got {json.dumps(record[name])[:60]}"
     last = records[-1][1] if records else {}
-    if "slot_accuracy" in last and last.get("step") is None:
+    if last.get("slot_accuracy") is not None and last.get("step") is None:
         return f"line {records[-1][0].rpartition(':')[2]}: slot_accuracy without a step"
     return None
 

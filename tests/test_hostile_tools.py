@@ -25,6 +25,7 @@ import drafter_check
 import pass_costs
 from dflash import block_choice, checkpoint
 from tests.snapshots import assert_untouched, tree_bytes
+from tests.test_walk_options import FIELD_VALUES
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[1]
@@ -181,6 +182,30 @@ def test_auto_never_predicts_nan_from_a_poisoned_cache(tmp_path, monkeypatch, ca
     assert err.count("note: ") == 1
 
 
+@pytest.mark.parametrize("field", ["blocks", "draft_ms", "verify_ms", "draft_fit_ms",
+                                   "verify_fit_ms", "a timed pass", "a fit's overhead"])
+def test_every_cache_field_walked_with_hostile_values(field, tmp_path, monkeypatch, capsys):
+    """test_walk_options' FIELD_VALUES in every field the choice reads: each measured over."""
+    monkeypatch.setenv("DFLASH_CACHE", str(tmp_path))
+    for value in FIELD_VALUES:
+        kept = costs()
+        if field == "a timed pass":
+            kept["draft_ms"]["2"] = value
+        elif field == "a fit's overhead":
+            kept["verify_fit_ms"]["overhead"] = value
+        else:
+            kept[field] = value
+        block_choice.cache_file().write_text(json.dumps({"key": kept}))
+        capsys.readouterr()
+        fitted = field == "a fit's overhead" and not isinstance(value, bool) and value in (-1, 0)
+        if fitted:  # a line fitted through the timings may cross 0 before the first block
+            assert block_choice.cached_calibration("key", pytest.fail, BLOCKS)[1] is False
+            continue
+        assert block_choice.cached_calibration("key", lambda: costs(3.0), BLOCKS) == (
+            costs(3.0), True), value
+        assert capsys.readouterr().err.count("note: ") == 1, value
+
+
 # ------------------------------------------------------------------ a drafter's training log
 
 GOOD = {"step": 10, "slot_accuracy": [0.9, 0.5], "tau_estimate": 2.1}
@@ -223,6 +248,24 @@ def test_a_log_drafter_check_cannot_report_from_is_one_note(record, tmp_path, ca
     assert drafter_check.training_log_claim(tmp_path) is None
     notes = capsys.readouterr().err.strip().splitlines()
     assert len(notes) == 1 and notes[0].startswith("note: "), notes
+
+
+@pytest.mark.parametrize("field", list(drafter_check.LOG_FIELD_RULES))
+def test_every_log_field_walked_with_hostile_values(field, tmp_path, capsys):
+    """FIELD_VALUES in every figure the two readers take from a log: never a traceback, at most
+    a note each, and rates only in 0..1 when read."""
+    for value in FIELD_VALUES:
+        (tmp_path / "train_log.jsonl").write_text(json.dumps({**GOOD, field: value}) + "\n")
+        capsys.readouterr()
+        rates = block_choice.logged_acceptance(tmp_path)
+        claim = drafter_check.training_log_claim(tmp_path)
+        notes = capsys.readouterr().err.strip().splitlines()
+        assert len(notes) <= 2 and all(note.startswith("note: ") for note in notes), notes
+        assert rates is None or all(0 <= rate <= 1 for rate in rates), value
+        if claim is not None:
+            drafter_check.print_report(drafter_check.Report(
+                1.0, [None], claim, {"as configured": drafter_check.Score(1.0, [0.5], 1.0)},
+                "as configured", "fine"))
 
 
 def test_a_log_cut_mid_line_counts_to_its_last_whole_line(tmp_path, capsys):
