@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import itertools
-import json
 import re
 import sys
 import time
@@ -30,9 +29,9 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 import generate  # noqa: E402
-from bench_common import peak_memory, print_table  # noqa: E402
-from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_output, checked, non_negative,  # noqa: E402
-                        pick_device, pick_dtype, positive_int, run_cli, seed)
+from bench_common import check_report_output, peak_memory, print_table, write_report  # noqa: E402
+from dflash.cli import (OneLineErrors, UsageError, add_device_options, checked,  # noqa: E402
+                        non_negative, pick_device, pick_dtype, positive_int, run_cli, seed)
 from dflash.drafter import Drafter  # noqa: E402
 from dflash.measure import (BenchPrompt, Loops, Run, distinct_ngram_ratio, left_out, loop_figures, ratio,  # noqa: E402
                             step_ms, summarize_row)
@@ -280,10 +279,9 @@ def run(args) -> int:
         require(args.peer, "peer", f"--peer {args.peer}")
         if 0 not in args.temperatures:
             raise UsageError("--peer compares greedy outputs: include temperature 0 in --temperatures")
-    if args.json:
-        check_output(args.json, "--json")
-    if args.plots:
-        check_output(args.plots, "--plots", folder=True)
+    inputs = {"--model": args.model, "--draft": args.draft, "--prompts": args.prompts}
+    check_report_output(args.json, "--json", inputs)  # before any work: never over an input
+    check_report_output(args.plots, "--plots", inputs, folder=True)
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device, args.model)
     target = Qwen3.from_pretrained(args.model, device=device, dtype=dtype)
@@ -328,8 +326,7 @@ def run(args) -> int:
     report = build_report(conditions, prompts, rows, memory, peer)
     print_report(report)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1, default=str) + "\n")  # paths as text
+        write_report(args.json, report)
     for path in write_plots(args.plots, report) if args.plots else []:
         print(f"wrote {path}")
     return 0

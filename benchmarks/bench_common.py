@@ -1,4 +1,5 @@
-"""What the benchmarks share: the process's peak memory, text tables, reply checks, a timer for short calls.
+"""What the benchmarks share: the process's peak memory, text tables, reply checks, a timer for
+short calls, and their reports' outputs (never over an input, written whole or not at all).
 
 bench.py, bench_load.py and bench_train.py each measure peak memory, and bench.py and
 bench_train.py print their results as tables. Replies are checked for repetition and
@@ -7,12 +8,16 @@ their final number by bench.py, the target's evaluation (recipes/) and the demo 
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import torch
+
+from dflash.checkpoint import write_atomically
+from dflash.cli import UsageError, check_output
 
 
 def peak_memory(device: torch.device) -> int | None:
@@ -68,3 +73,42 @@ def least_time(loops: dict[str, dict[str, Callable[[], object]]], rounds: int, c
                     spent[name] += clock() - began
             best |= {name: min(best[name], spent[name] / calls) for name in loop}
     return best
+
+
+# ------------------------------------------------------------------ reports' outputs
+
+
+def check_report_output(path: Path | None, option: str, inputs: Mapping[str, object],
+                        folder: bool = False) -> None:
+    """Refuse, before any work, an output the run could not write (`check_output`) or would write
+    over what it reads (`check_not_an_input`). No output given: nothing to check."""
+    if path is not None:
+        check_output(Path(path), option, folder)
+        check_not_an_input(Path(path), option, inputs)
+
+
+def check_not_an_input(path: Path, option: str, inputs: Mapping[str, object]) -> None:
+    """Refuse an output that is one of `inputs` ({option: path}, None skipped), lies inside one (a
+    checkpoint folder gains a stray file, or loses one) or contains one (a folder of plots around
+    the prompts), symbolic links followed: a report written over the prompts loses them.
+    (A local twin of the check dflash/cli.py is to share, for the benchmarks.)"""
+    out = Path(path).resolve()
+    for name, given in inputs.items():
+        if given is None:
+            continue
+        source = Path(given).resolve()
+        relation = ("is" if out == source else "lies inside" if out.is_relative_to(source)
+                    else "contains" if source.is_relative_to(out) else None)
+        if relation:
+            raise UsageError(f"{option} {path} {relation} the input {name} {given}: give an "
+                             f"output apart from what the run reads")
+
+
+def write_report(path: Path, report) -> None:
+    """A report as JSON (paths and the like as text), whole or not at all: written beside the
+    target, then renamed over it, so a run stopped mid-write (Ctrl-C, a full disk) leaves the file
+    as it was."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(report, indent=1, default=str) + "\n"
+    write_atomically(path, lambda temporary: Path(temporary).write_text(text, encoding="utf-8"))

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from bench_common import peak_memory, reset_peak_memory
-from dflash.cli import OneLineErrors
+from dflash.cli import OneLineErrors, UsageError, positive_int, run_cli
 from dflash.qwen3 import Qwen3, Qwen3Config, official_names
 from dflash.training import init_weights
 
@@ -63,16 +63,22 @@ def write_synthetic_checkpoint(folder: Path, config: Qwen3Config, shards: int) -
     return total
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = OneLineErrors(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--hidden", type=int, default=2048)
-    parser.add_argument("--layers", type=int, default=16)
-    parser.add_argument("--vocab", type=int, default=32768)
-    parser.add_argument("--shards", type=int, default=1)
+    parser.add_argument("--hidden", type=positive_int, default=2048)
+    parser.add_argument("--layers", type=positive_int, default=16)
+    parser.add_argument("--vocab", type=positive_int, default=32768)
+    parser.add_argument("--shards", type=positive_int, default=1)
     parser.add_argument("--measure", metavar="DIR", help=argparse.SUPPRESS)  # internal: load DIR, print the memory
-    args = parser.parse_args()
+    return parser
+
+
+def run(args) -> int:
     if args.measure:
-        return measure(args.measure)
+        measure(args.measure)
+        return 0
+    if args.shards > args.layers:
+        raise UsageError(f"--shards {args.shards}: more files than the {args.layers} layers to split")
     config = Qwen3Config(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=3 * args.hidden,
                          num_hidden_layers=args.layers, num_attention_heads=16, num_key_value_heads=8,
                          head_dim=128, tie_word_embeddings=False)
@@ -85,7 +91,12 @@ def main() -> None:
     print(f"checkpoint on disk: {on_disk / 2**30:.2f} GiB in {args.shards} file(s), bf16")
     print(f"model in memory:    {in_model / 2**30:.2f} GiB")
     print(f"peak RSS growth:    {growth / 2**30:.2f} GiB  ->  {growth / on_disk:.2f}x the size on disk")
+    return 0
+
+
+def main(argv=None) -> int:
+    return run_cli(build_parser(), run, argv)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

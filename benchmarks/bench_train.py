@@ -42,7 +42,8 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 import train  # noqa: E402
-from bench_common import peak_memory, print_table, reset_peak_memory  # noqa: E402
+from bench_common import (check_report_output, peak_memory, print_table,  # noqa: E402
+                          reset_peak_memory, write_report)
 from dflash.cli import OneLineErrors, UsageError, run_cli  # noqa: E402
 from dflash.drafter import Drafter  # noqa: E402
 from dflash.qwen3 import Qwen3, Qwen3Config  # noqa: E402
@@ -213,7 +214,7 @@ def report(args: argparse.Namespace) -> int:
     print("the formula predicts a growth of " + ", ".join(f"{mb:.0f} MB for {path}" for path, mb in predicted.items())
           + " (float32: activations and loss)")
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "predicted_growth_mb": predicted}, indent=2) + "\n")
+        write_report(Path(args.json), {"rows": rows, "predicted_growth_mb": predicted})
     print_projection()
     return 0
 
@@ -239,6 +240,7 @@ def main(args: argparse.Namespace) -> int:
     for name in ("batch", "seq_len", "anchors", "block_size", "drafter_layers", "steps"):
         if getattr(args, name) < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    check_report_output(args.json, "--json", {})  # before the runs: random weights, no input
     if args.project:
         print_projection()
         return 0

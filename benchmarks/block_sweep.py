@@ -32,7 +32,7 @@ import torch  # noqa: E402
 import generate  # noqa: E402
 from cpu_study import cpu_description, listed  # noqa: E402
 from dflash.block_choice import choose_block  # noqa: E402
-from dflash.checkpoint import write_json_atomically  # noqa: E402
+from bench_common import write_report  # noqa: E402
 from dflash.cli import OneLineErrors, UsageError, checked, run_cli  # noqa: E402
 from dflash.drafter import Drafter  # noqa: E402
 from dflash.qwen3 import Qwen3  # noqa: E402
@@ -106,8 +106,7 @@ def run(args) -> int:
               f"{row['tokens_per_s'] / figures[fastest]['tokens_per_s']:.3f} |")
     print(f"auto picked {auto}: {100 * share:.1f} % of the fastest block's ({fastest}) tokens/s")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomically(args.json, report)
+        write_report(args.json, report)
     return 0
 
 

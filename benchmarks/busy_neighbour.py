@@ -31,8 +31,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from cpu_study import cpu_description, load_average  # noqa: E402
-from dflash.checkpoint import write_json_atomically  # noqa: E402
-from dflash.cli import (OneLineErrors, check_output, checked, default_threads,  # noqa: E402
+from bench_common import check_report_output, write_report  # noqa: E402
+from dflash.cli import (OneLineErrors, checked, default_threads,  # noqa: E402
                         positive_int, run_cli)
 
 PROMPT = ("Leo buys 3 pens that cost 4 dollars each. He pays with 20 dollars. How much change does "
@@ -87,8 +87,9 @@ def compare(args, threads: int | None) -> dict:
 
 
 def run(args) -> int:
-    if args.json:
-        check_output(args.json, "--json")
+    demo = ROOT / "weights"  # generate.py's default pair, which every run reads
+    check_report_output(args.json, "--json", {"the demo pair": demo / "tiny-qwen3",
+                                              "its drafter": demo / "tiny-qwen3-dflash"})
     settings = [None, *args.also_threads]
     report = {"conditions": {"cpu": cpu_description(), "busy_processes": args.busy,
                              "runs": args.runs, "prompt": args.prompt,
@@ -106,8 +107,7 @@ def run(args) -> int:
               f"{quiet['dflash_tokens_per_s']:.0f} | {busy['dflash_tokens_per_s']:.0f} | "
               f"{kept['dflash']:.2f}x |")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomically(args.json, report)
+        write_report(args.json, report)
     return 0
 
 

@@ -55,10 +55,9 @@ from tqdm import tqdm  # noqa: E402
 
 import bench_train  # noqa: E402
 import generate  # noqa: E402
-from bench_common import least_time  # noqa: E402
-from dflash.cli import OneLineErrors, UsageError, check_output, checked  # noqa: E402
-from dflash.checkpoint import write_json_atomically  # noqa: E402
-from dflash.cli import positive_int, run_cli  # noqa: E402
+from bench_common import check_report_output, least_time, write_report  # noqa: E402
+from dflash.cli import OneLineErrors, UsageError, checked  # noqa: E402
+from dflash.cli import CORES, positive_int, run_cli, seed, thread_count  # noqa: E402
 from dflash.block_choice import acceptance_for, best_block, fit_line, geometric  # noqa: E402
 from dflash.block_choice import tokens_per_step  # noqa: E402
 from dflash.drafter import Drafter, DrafterConfig, default_target_layer_ids  # noqa: E402
@@ -356,19 +355,21 @@ def study_row(target, drafter, args, shape: str, dtype: str, threads: int, progr
 @torch.no_grad()
 def study(args, save: Callable[[dict], None]) -> dict:
     """Every row the options ask for, the report so far `save`d after each; a shape that does not
-    fit in memory is skipped, with why."""
+    fit in memory is skipped, with why; none fitting is refused before anything is built."""
     report = {"conditions": conditions(args), "rows": [], "skipped": []}
-    parts = 2 * len(args.shapes) * len(args.dtype) * len(args.threads)  # costs and loops per row
-    progress = tqdm(total=parts, desc="cpu study", unit="part", file=sys.stderr)
+    fitting = []
     for shape, dtype in itertools.product(args.shapes, args.dtype):
-        need = weight_bytes(*pair_on_meta(SHAPES[shape], DTYPES[dtype], args.block_size))
-        free = available_bytes()
-        if free is not None and need > MEMORY_SHARE * free:
-            report["skipped"].append({"shape": shape, "dtype": dtype, "reason": f"needs "
-                                      f"{need / 2**30:.1f} GiB of weights, {free / 2**30:.1f} GiB "
-                                      "available"})
-            progress.update(2 * len(args.threads))
-            continue
+        why = too_large(args, shape, dtype)
+        if why:
+            report["skipped"].append({"shape": shape, "dtype": dtype, "reason": why})
+        else:
+            fitting.append((shape, dtype))
+    if not fitting:  # a report of nothing measured is no study
+        raise UsageError("nothing to measure: every shape is skipped (" + "; ".join(
+            f"{s['shape']} {s['dtype']} {s['reason']}" for s in report["skipped"]) + ")")
+    progress = tqdm(total=2 * len(fitting) * len(args.threads), desc="cpu study", unit="part",
+                    file=sys.stderr)  # costs and loops per row
+    for shape, dtype in fitting:
         progress.set_postfix_str(f"{shape} {dtype}: building")
         target, drafter = random_pair(SHAPES[shape], DTYPES[dtype], args.block_size)
         for threads in args.threads:
@@ -377,6 +378,29 @@ def study(args, save: Callable[[dict], None]) -> dict:
         del target, drafter
     progress.close()
     return report
+
+
+def positions_used(args) -> int:
+    """The most cache slots a runner of the study holds: the prompt, the tokens generated and the
+    truth's reach past them (`time_loops`)."""
+    return args.context + args.new_tokens + 2 * max(args.tokens)
+
+
+def too_large(args, shape: str, dtype: str) -> str | None:
+    """Why the pair of `shape` in `dtype` cannot be studied here, or None: its weights and the
+    caches of every runner (the plain one and one per block timed or run) would take more than
+    MEMORY_SHARE of the memory available."""
+    target, drafter = pair_on_meta(SHAPES[shape], DTYPES[dtype], args.block_size)
+    config, element = target.config, DTYPES[dtype].itemsize
+    per_slot = 2 * config.num_key_value_heads * config.head_dim * element  # keys and values
+    per_slot *= config.num_hidden_layers + DRAFTER_LAYERS
+    runners = 1 + len(args.tokens) + len(args.measure_blocks) + 2  # + --block-size, --foresee
+    caches = per_slot * positions_used(args) * runners
+    need, free = weight_bytes(target, drafter) + caches, available_bytes()
+    if free is None or need <= MEMORY_SHARE * free:
+        return None
+    return (f"needs {need / 2**30:.1f} GiB (weights and caches of {positions_used(args)} "
+            f"positions), {free / 2**30:.1f} GiB available")
 
 
 def conditions(args) -> dict:
@@ -458,7 +482,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated, of {', '.join(SHAPES)} (default Qwen3-0.6B)")
     p.add_argument("--dtype", type=listed(str, list(DTYPES)), default=["bfloat16"],
                    help="comma-separated: float32, bfloat16 (default bfloat16)")
-    p.add_argument("--threads", type=listed(positive_int, rule="comma-separated positive int"),
+    p.add_argument("--threads",
+                   type=listed(thread_count, rule=f"comma-separated int in 1..{CORES}"),
                    default=[1], help="comma-separated torch thread counts, e.g. 1,2 (default 1)")
     p.add_argument("--tokens", type=listed(block, rule="comma-separated int in 2..16"),
                    default=list(range(2, 17)),
@@ -486,14 +511,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clock", choices=["auto", "cpu", "wall"], default="auto",
                    help="what a time is: the process's CPU time or wall time (default auto: CPU "
                    "time for one thread, which a busy neighbour does not inflate; wall for more)")
-    p.add_argument("--seed", type=int, default=0, help="the random prompt's (default 0)")
+    p.add_argument("--seed", type=seed, default=0, help="the random prompt's (default 0)")
     p.add_argument("--json", type=Path, help="write {conditions, rows, skipped} to this file")
     return p
 
 
 def run(args) -> int:
-    if args.json:
-        check_output(args.json, "--json")
+    check_report_output(args.json, "--json", {})  # random weights: no input to keep apart
     if args.block_size not in args.tokens:
         raise UsageError(f"--block-size {args.block_size} must be among --tokens {args.tokens}")
     missing = [n for n in args.measure_blocks if n not in args.tokens]
@@ -501,12 +525,16 @@ def run(args) -> int:
         raise UsageError(f"--measure-blocks {missing[0]} must be among --tokens {args.tokens}")
     if args.tau > args.block_size:
         raise UsageError(f"--tau {args.tau} is above the block's {args.block_size} tokens per step")
+    positions = Qwen3Config.max_position_embeddings  # the shapes' own (none sets another)
+    if positions_used(args) > positions:
+        raise UsageError(f"--context {args.context} and --new-tokens {args.new_tokens} need "
+                         f"{positions_used(args)} positions, past the shapes' {positions}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
 
     def save(report: dict) -> None:  # after every row: a long run stopped keeps what it measured
         if args.json:
-            write_json_atomically(args.json, report)
+            write_report(args.json, report)
 
     report = study(args, save)
     save(report)

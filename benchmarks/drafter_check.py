@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,8 +40,10 @@ ROOT = Path(__file__).resolve().parents[1]  # run as a script: generate.py and t
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from dflash.checkpoint import is_integer, is_number, parse_json, read_json, read_text  # noqa: E402
-from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_output,  # noqa: E402
+from dflash.checkpoint import (is_integer, parse_json, read_json, read_side_file,  # noqa: E402
+                              read_text)
+from bench_common import check_report_output, write_report  # noqa: E402
+from dflash.cli import (OneLineErrors, UsageError, add_device_options,  # noqa: E402
                         check_token_ids, int_list, pick_device, pick_dtype, positive_int, run_cli)
 from dflash.drafter import Drafter  # noqa: E402
 from dflash.engine_fields import engine_field_problems  # noqa: E402
@@ -171,12 +174,11 @@ def teacher_forced(target: Qwen3, drafter: Drafter, sequences: Sequence[tuple[li
 
 def training_log_claim(drafter_folder: Path) -> dict | None:
     """What the drafter's train_log.jsonl claimed at its last step: slot accuracy, tau estimate, the last eval tau
-    (train.py's log; None when the folder has none, as the authors' releases do not)."""
-    log = drafter_folder / "train_log.jsonl"
-    if not log.is_file():
-        return None
-    records = [json.loads(line) for line in read_text(log, UsageError, "training log").splitlines() if line.strip()]
-    if not records or "slot_accuracy" not in records[-1]:
+    (train.py's log; None when the folder has none, as the authors' releases do not, or when it is not as train.py
+    writes it: then one note says why, and the check goes on without it). A line cut by a killed run is not counted."""
+    records = read_side_file(drafter_folder / "train_log.jsonl", "training log", log_problem, lines=True)
+    records = [record for _, record in records or ()]
+    if not records or records[-1].get("slot_accuracy") is None:
         return None
     evaluated = [record["eval_tau"] for record in records if record.get("eval_tau") is not None]
     claim = {"step": records[-1]["step"], "slot_accuracy": records[-1]["slot_accuracy"],
@@ -186,6 +188,44 @@ def training_log_claim(drafter_folder: Path) -> dict | None:
         logged = [record[name] for record in records if record.get(name) is not None]
         claim[name] = logged[-1] if logged else None
     return claim
+
+
+# What each figure of a training log this check reads must be, when given (null: not logged at that step).
+# Compared, never converted: a number of 400 digits is simply out of range, not an overflow.
+LOG_FIELD_RULES = {
+    "step": ("an integer >= 0", lambda value: is_integer(value) and value >= 0),
+    "tau_estimate": ("a number in 0..2**31", lambda value: is_between(value, 0, 2**31)),
+    "eval_tau": ("a number in 0..2**31", lambda value: is_between(value, 0, 2**31)),
+    "slot_accuracy": ("a list of rates in 0..1", lambda value: are_rates(value, gaps=False)),
+    "heldout_slot_accuracy": ("a list of rates in 0..1", lambda value: are_rates(value, gaps=False)),
+    "eval_slot_acceptance": ("a list of rates in 0..1 or null", lambda value: are_rates(value, gaps=True))}
+
+
+def log_problem(records: list[tuple[str, object]]) -> str | None:
+    """What makes a training log unreadable here, or None: a line that is not a JSON object, a figure breaking its
+    rule in LOG_FIELD_RULES, a last line with slot accuracy but no step."""
+    for where, record in records:
+        line = where.rpartition(":")[2]
+        if not isinstance(record, dict):
+            return f"line {line} is not a JSON object"
+        for name, (rule, ok) in LOG_FIELD_RULES.items():
+            if record.get(name) is not None and not ok(record[name]):
+                return f"line {line}: {name} must be {rule}, got {json.dumps(record[name])[:60]}"
+    last = records[-1][1] if records else {}
+    if last.get("slot_accuracy") is not None and last.get("step") is None:
+        return f"line {records[-1][0].rpartition(':')[2]}: slot_accuracy without a step"
+    return None
+
+
+def is_between(value, low: float, high: float) -> bool:
+    """A JSON number (not true/false) from low to high; NaN and the infinities are in no range."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
+
+
+def are_rates(values, gaps: bool) -> bool:
+    """A non-empty list of rates in 0..1; with `gaps`, null where no draft reached a position."""
+    return isinstance(values, list) and bool(values) and all(
+        (gaps and value is None) or is_between(value, 0, 1) for value in values)
 
 
 @dataclass
@@ -284,8 +324,10 @@ def read_engine_acceptance(path: Path) -> EngineAcceptance:
 
 def checked_rates(rates, where: str) -> list[float]:
     """A cumulative series: numbers in 0..1 that never rise from one position to the next."""
-    if not isinstance(rates, list) or not rates or not all(is_number(r) for r in rates):
-        raise UsageError(f"{where}: expected a non-empty list of numbers, got {json.dumps(rates)}")
+    numbers = isinstance(rates, list) and all(is_between(r, -math.inf, math.inf) for r in rates)
+    if not numbers or not rates:
+        raise UsageError(f"{where}: expected a non-empty list of numbers, got "
+                         f"{json.dumps(rates)[:80]}")
     for position, (before, rate) in enumerate(zip([1.0, *rates], rates), start=1):
         if not 0 <= rate <= 1:
             raise UsageError(f"{where}: position {position}'s rate {rate} is outside 0..1")
@@ -301,10 +343,14 @@ def from_vllm_counts(data: dict, where: str) -> EngineAcceptance:
     drafts, counts = data.get("num_drafts"), data["num_accepted_tokens_per_pos"]
     if not is_integer(drafts) or drafts <= 0:
         raise UsageError(f"{where}: num_drafts must be a positive integer, got "
-                         f"{json.dumps(drafts)}")
+                         f"{json.dumps(drafts)[:80]}")
     if not isinstance(counts, list) or not all(is_integer(c) and c >= 0 for c in counts):
         raise UsageError(f"{where}: num_accepted_tokens_per_pos must be a list of counts, got "
-                         f"{json.dumps(counts)}")
+                         f"{json.dumps(counts)[:80]}")
+    for position, count in enumerate(counts, start=1):  # compared before dividing: no overflow
+        if count > drafts:
+            raise UsageError(f"{where}: position {position}'s rate {count}/{drafts} is outside "
+                             f"0..1 (more drafts kept than made)")
     return EngineAcceptance(checked_rates([c / drafts for c in counts], where), drafts,
                             f"vLLM counts over {drafts} drafts")
 
@@ -315,7 +361,7 @@ def from_sglang_histogram(histogram, where: str) -> EngineAcceptance:
     if (not isinstance(histogram, list) or len(histogram) < 2
             or not all(is_integer(h) and h >= 0 for h in histogram) or not sum(histogram)):
         raise UsageError(f"{where}: spec_accept_histogram must be a list of at least two counts, "
-                         f"not all 0, got {json.dumps(histogram)}")
+                         f"not all 0, got {json.dumps(histogram)[:80]}")
     steps = sum(histogram)
     return EngineAcceptance([sum(histogram[k:]) / steps for k in range(1, len(histogram))], steps,
                             f"SGLang histogram over {steps} steps")
@@ -442,8 +488,9 @@ def print_report(report: Report) -> None:
     if claimed:
         print(f"training log, step {claimed['step']} (its training data):")
         print(f"  slot accuracy {row(claimed['slot_accuracy'])}")
-        print(f"  tau estimate {claimed['tau_estimate']:.2f}" + (
-            f", held-out tau {claimed['eval_tau']:.2f}" if claimed["eval_tau"] is not None else ""))
+        estimate, held_out = claimed["tau_estimate"], claimed["eval_tau"]
+        print("  tau estimate " + ("-" if estimate is None else f"{estimate:.2f}")
+              + ("" if held_out is None else f", held-out tau {held_out:.2f}"))
     else:
         print("training log: none beside the drafter")
     configured = report.scores["as configured"]
@@ -486,8 +533,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    if args.json:
-        check_output(Path(args.json), "--json")  # not only after the whole check has run
+    inputs = {"--model": args.model, "--draft": args.draft, "--prompts": args.prompts,
+              "--engine-acceptance": args.engine_acceptance}
+    check_report_output(args.json, "--json", inputs)  # not only after the whole check has run
     engine = None  # read before any model loads: a bad file costs nothing
     if args.engine_acceptance:
         engine = read_engine_acceptance(Path(args.engine_acceptance))
@@ -513,8 +561,7 @@ def run(args) -> int:
                                             report.served_acceptance_per_slot)
     print_report(report)
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(asdict(report), indent=2) + "\n")
+        write_report(Path(args.json), asdict(report))
     return 0
 
 

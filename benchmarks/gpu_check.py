@@ -876,8 +876,11 @@ def run_section(name: str, check: Check, tf32: dict) -> dict:
 def write_atomically(path: Path, text: str) -> None:
     """Write beside `path`, then rename over it: a reader (or a kill) never sees half a report."""
     partial = path.with_name(path.name + ".partial")
-    partial.write_text(text)
-    os.replace(partial, path)
+    try:
+        partial.write_text(text)
+        os.replace(partial, path)
+    finally:  # stopped mid-write (Ctrl-C, a full disk): no half report left beside the whole one
+        partial.unlink(missing_ok=True)
 
 
 def write_report(out: Path, report: dict) -> None:

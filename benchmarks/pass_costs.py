@@ -14,7 +14,6 @@ machine's noise only ever adds time), and the verify costs are fitted by least s
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Callable, Sequence
@@ -26,8 +25,9 @@ if str(ROOT) not in sys.path:
 import torch  # noqa: E402
 
 import generate  # noqa: E402
-from bench_common import least_time  # noqa: E402
-from dflash.cli import OneLineErrors, check_output, checked, positive_int, run_cli  # noqa: E402
+from bench_common import check_report_output, least_time, write_report  # noqa: E402
+from dflash.cli import (OneLineErrors, UsageError, checked, positive, positive_int,  # noqa: E402
+                        run_cli, thread_count)
 from dflash.block_choice import fit_line, step_passes, steady_runner  # noqa: E402
 from dflash.drafter import Drafter  # noqa: E402
 from dflash.qwen3 import Qwen3  # noqa: E402
@@ -47,6 +47,10 @@ def pass_calls(runner: generate.ModelRunner, tokens: int, context: int, label: s
 def measure(args) -> dict:
     torch.manual_seed(0)
     target = Qwen3.from_pretrained(args.model)
+    positions = target.config.max_position_embeddings
+    if args.context + 64 > positions:  # the runners' caches: the context and a step's room
+        raise UsageError(f"--context {args.context} is past the target's {positions - 64} "
+                         f"(max_position_embeddings {positions}, less 64 for the steps)")
     drafter = Drafter.from_pretrained(args.draft, target=target)
     loops, largest = {}, max(args.tokens)  # loop -> its passes, by name
     for compiled in (False, True):
@@ -100,9 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=checked(int, "at least 2", lambda x: x >= 2), nargs="+", default=[2, 4, 8, 16],
                    help="the block sizes whose verify and draft passes are timed (decode is 1 token)")
     p.add_argument("--context", type=positive_int, default=100, help="committed tokens in the caches")
-    p.add_argument("--tokens-per-step", type=float, default=6.9,  # the demo pair's at block 16 (bench.py, 60 problems)
+    # the demo pair's at block 16 (bench.py, 60 problems)
+    p.add_argument("--tokens-per-step", type=positive, default=6.9,
                    help="for the ideal speedup: the tokens a step of the largest block adds (bench.py measures it)")
-    p.add_argument("--threads", type=positive_int, default=1, help="CPU threads for torch")
+    p.add_argument("--threads", type=thread_count, default=1, help="CPU threads for torch")
     p.add_argument("--rounds", type=positive_int, default=15)
     p.add_argument("--repeats", type=positive_int, default=10)
     p.add_argument("--json", type=Path, help="also write the figures to this file")
@@ -110,14 +115,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    if args.json:
-        check_output(args.json, "--json")
+    check_report_output(args.json, "--json", {"--model": args.model, "--draft": args.draft})
     torch.set_num_threads(args.threads)
     report = measure(args)
     print_report(report, args.tokens, args.tokens_per_step)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=1) + "\n")
+        write_report(args.json, report)
     return 0
 
 

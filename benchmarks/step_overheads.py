@@ -151,7 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
     positive = checked(int, "at least 1", lambda x: x >= 1)
     p.add_argument("--rounds", type=positive, default=30, help="interleaved rounds; each figure is the least")
     p.add_argument("--budgets", type=positive, nargs="+", default=[16, 64], help="tree budgets (drafted nodes)")
-    p.add_argument("--vocab", type=positive, default=151_936, help="vocabulary sampled over (Qwen3's by default)")
+    # 16 rows of float64 logits each: past 2**20 is no model's vocabulary, 2**40 no machine's memory
+    vocab = checked(int, "in 2..2**20", lambda x: 2 <= x <= 2**20)
+    p.add_argument("--vocab", type=vocab, default=151_936,
+                   help="vocabulary sampled over (Qwen3's by default)")
     return p
 
 

@@ -7,7 +7,8 @@ import argparse
 from pathlib import Path
 
 import generate
-from dflash.cli import add_device_options, check_output, pick_device, pick_dtype, positive_int
+from bench_common import check_report_output
+from dflash.cli import add_device_options, pick_device, pick_dtype, positive_int
 from dflash.drafter import Drafter
 from dflash.prompts import add_prompt_options, encode_for_generation, read_prompts
 from dflash.qwen3 import Qwen3
@@ -30,8 +31,8 @@ def add_sweep_options(p: argparse.ArgumentParser, turns_of: str) -> None:
 
 def load_sweep(args):
     """The device, the target and drafter, the prompts' ids and the stop ids the options name."""
-    if args.json:
-        check_output(args.json, "--json")
+    check_report_output(args.json, "--json",
+                        {"--model": args.model, "--draft": args.draft, "--prompts": args.prompts})
     device = pick_device(args.device)
     dtype = pick_dtype(args.dtype, device, args.model)
     target = Qwen3.from_pretrained(args.model, device=device, dtype=dtype)

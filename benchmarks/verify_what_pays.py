@@ -36,7 +36,7 @@ import torch  # noqa: E402
 import generate  # noqa: E402
 from cpu_study import cpu_description, listed  # noqa: E402
 from dflash.block_choice import best_block, logged_acceptance, machine_costs  # noqa: E402
-from dflash.checkpoint import write_json_atomically  # noqa: E402
+from bench_common import write_report  # noqa: E402
 from dflash.cli import OneLineErrors, UsageError, checked, run_cli  # noqa: E402
 from dflash.measure import Wrapped  # noqa: E402
 from sweep_common import add_sweep_options, load_sweep  # noqa: E402
@@ -167,8 +167,7 @@ def run(args) -> int:
         print(f"| {name} | {row['tokens_per_step']:.2f} | {row['tokens_per_s']:.1f} | "
               f"{seconds[fastest] / row['seconds']:.3f} | {row['same_as_plain']} |")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        write_json_atomically(args.json, report)
+        write_report(args.json, report)
     return 0
 
 

@@ -29,7 +29,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from dflash.checkpoint import write_json_atomically
+from dflash.checkpoint import read_side_file, write_json_atomically
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
 from dflash.sampling import Sampling
@@ -103,20 +103,36 @@ def best_block(costs: dict, acceptance: Sequence[float], blocks: Sequence[int]) 
 
 def logged_acceptance(drafter_folder: Path) -> list[float] | None:
     """The per-slot acceptance in the drafter's training log, from its last line that has one
-    (held-out figures before training ones); None without a log."""
-    log = Path(drafter_folder) / LOG_NAME
-    if not log.is_file():
-        return None
+    (held-out figures before training ones); None without a log, or with one that is not as
+    train.py writes it (one note says why: `log_problem`). A line cut by a killed run is not
+    counted."""
+    records = read_side_file(Path(drafter_folder) / LOG_NAME, "training log", log_problem,
+                             lines=True)
     found = None
-    for line in log.read_text().splitlines():
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError:  # a line cut by a crash
-            continue
-        figures = [entry[name] for name in SLOT_FIGURES if isinstance(entry.get(name), list)]
-        if figures and all(0 <= rate <= 1 for rate in figures[0]):
+    for _, record in records or ():
+        figures = [record[name] for name in SLOT_FIGURES if name in record]
+        if figures:
             found = [float(rate) for rate in figures[0]]
     return found
+
+
+def log_problem(records: list[tuple[str, object]]) -> str | None:
+    """What makes a training log unfit to choose a block from, or None: a line that is not a
+    JSON object, or a per-slot figure that is not a non-empty list of rates in 0..1 (a NaN rate
+    would make every block's prediction NaN, and the first block offered win)."""
+    for where, record in records:
+        line = where.rpartition(":")[2]
+        if not isinstance(record, dict):
+            return f"line {line} is not a JSON object"
+        for name in SLOT_FIGURES:
+            if name in record and not are_rates(record[name]):
+                return f"line {line}: {name} must be a non-empty list of rates in 0..1"
+    return None
+
+
+def are_rates(rates) -> bool:
+    return isinstance(rates, list) and bool(rates) and all(is_between(rate, 0, 1)
+                                                           for rate in rates)
 
 
 def measured_acceptance(acceptance_lengths: Sequence[int], block_size: int) -> list[float]:
@@ -242,24 +258,66 @@ def calibration_key(target: Qwen3, drafter: Drafter, compile: bool) -> str:
                        f"context {CALIBRATION_CONTEXT}"])
 
 
-def cached_calibration(key: str, measure: Callable[[], dict]) -> tuple[dict, bool]:
+def cached_calibration(key: str, measure: Callable[[], dict],
+                       blocks: Sequence[int]) -> tuple[dict, bool]:
     """The costs kept under `key`, or `measure()`'s, then kept; and whether they were measured now.
-    A cache file that cannot be read is measured over, not trusted."""
+    A cache that cannot be read, or whose entry for `key` is not whole (`costs_problem`), is
+    measured over with one note, not trusted; one that is not a regular file is left alone."""
     path = cache_file()
-    try:
-        kept = json.loads(path.read_text())
-        kept = kept if isinstance(kept, dict) else {}
-    except (OSError, json.JSONDecodeError):
-        kept = {}
-    if isinstance(kept.get(key), dict) and "verify_fit_ms" in kept[key]:
+    kept = read_side_file(path, "block-size calibration cache",
+                          lambda cache: cache_problem(cache, key, blocks)) or {}
+    if key in kept:
         return kept[key], False
     costs = measure()
+    if path.exists() and not path.is_file():  # a FIFO or a folder: not ours to replace
+        return costs, True
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomically(path, {**kept, key: costs})
     except OSError:  # a read-only home: the choice is still made, only not kept
         pass
     return costs, True
+
+
+def cache_problem(cache, key: str, blocks: Sequence[int]) -> str | None:
+    """What makes the cache unfit to read `key`'s costs from, or None (no entry is fine)."""
+    if not isinstance(cache, dict):
+        return "expected a JSON object of calibrations"
+    if key not in cache:
+        return None
+    problem = costs_problem(cache[key], blocks)
+    return f"its entry for this machine and pair: {problem}" if problem else None
+
+
+# A pass's milliseconds kept in the cache are at most this (11 days): a larger figure is no
+# measurement, and one of 400 digits would overflow the float it is divided into.
+MOST_MS = 1e9
+
+
+def is_between(value, low: float, high: float) -> bool:
+    """A JSON number (not true/false) from low to high, compared as it is (never converted, so
+    no overflow); NaN and the infinities are in no such range."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
+
+
+def costs_problem(costs, blocks: Sequence[int]) -> str | None:
+    """What is wrong with kept pass costs, or None: they must time exactly `blocks` (the ones
+    offered), each pass in finite milliseconds above 0 (the costs divide the tokens), and fit
+    lines of finite numbers (read between the blocks timed)."""
+    if not isinstance(costs, dict):
+        return "expected a JSON object"
+    if costs.get("blocks") != list(blocks):
+        return f"blocks must be {list(blocks)}, got {json.dumps(costs.get('blocks'))[:80]}"
+    for name in ("draft", "verify"):
+        timed, line = costs.get(f"{name}_ms"), costs.get(f"{name}_fit_ms")
+        if not isinstance(timed, dict) or sorted(timed) != sorted(map(str, blocks)):
+            return f"{name}_ms must give the milliseconds of blocks {list(blocks)}"
+        if not all(is_between(ms, 0, MOST_MS) and ms > 0 for ms in timed.values()):
+            return f"{name}_ms must be numbers above 0, up to {MOST_MS:g}"
+        if not (isinstance(line, dict) and sorted(line) == ["overhead", "per_token"]
+                and all(is_between(ms, -MOST_MS, MOST_MS) for ms in line.values())):
+            return f"{name}_fit_ms must be {{overhead, per_token}}, numbers within {MOST_MS:g}"
+    return None
 
 
 def calibration_blocks(largest: int, compile: bool = False) -> list[int]:
@@ -274,9 +332,9 @@ def calibration_blocks(largest: int, compile: bool = False) -> list[int]:
 def machine_costs(runner_class, target: Qwen3, drafter: Drafter,
                   compile: bool) -> tuple[dict, bool]:
     """This machine's pass costs for the pair (`calibrate`), kept; and whether measured now."""
-    largest = drafter.config.block_size
+    blocks = calibration_blocks(drafter.config.block_size, compile)
     return cached_calibration(calibration_key(target, drafter, compile), lambda: calibrate(
-        runner_class, target, drafter, calibration_blocks(largest, compile), compile=compile))
+        runner_class, target, drafter, blocks, compile=compile), blocks)
 
 
 # ------------------------------------------------------------------ the choice

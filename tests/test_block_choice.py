@@ -81,20 +81,34 @@ def test_steps_without_a_log_give_one_rate_with_their_mean():
     assert block_choice.tokens_per_step(acceptance, 16) == pytest.approx(sum(lengths) / 5)
 
 
+def kept_costs(value: float, blocks=(2, 4)) -> dict:
+    """Pass costs as `calibrate` gives them, every figure `value` ms."""
+    line = {"overhead": value, "per_token": 0.0}
+    return {"blocks": list(blocks), "draft_ms": dict.fromkeys(blocks, value),
+            "verify_ms": dict.fromkeys(blocks, value), "draft_fit_ms": line, "verify_fit_ms": line}
+
+
+def as_kept(costs: dict) -> dict:
+    return json.loads(json.dumps(costs))  # block keys as text, as the cache file keeps them
+
+
 def test_a_calibration_is_measured_once_per_key_and_a_broken_cache_is_measured_over(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DFLASH_CACHE", str(tmp_path))
     measured = []
 
     def measure(value):
-        return lambda: measured.append(value) or {"verify_fit_ms": value}
+        return lambda: measured.append(value) or kept_costs(value)
 
-    assert block_choice.cached_calibration("a", measure(1)) == ({"verify_fit_ms": 1}, True)
-    assert block_choice.cached_calibration("a", measure(2)) == ({"verify_fit_ms": 1}, False)
-    assert block_choice.cached_calibration("b", measure(3)) == ({"verify_fit_ms": 3}, True)
+    cached = lambda key, value: block_choice.cached_calibration(key, measure(value), [2, 4])  # noqa
+    assert cached("a", 1) == (kept_costs(1), True)
+    assert cached("a", 2) == (as_kept(kept_costs(1)), False)
+    assert cached("b", 3) == (kept_costs(3), True)
     assert measured == [1, 3]
+    assert "note:" not in capsys.readouterr().err
     block_choice.cache_file().write_text("{not json")
-    assert block_choice.cached_calibration("a", measure(4)) == ({"verify_fit_ms": 4}, True)
+    assert cached("a", 4) == (kept_costs(4), True)
+    assert capsys.readouterr().err.count("note:") == 1
 
 
 @torch.no_grad()

@@ -12,6 +12,7 @@ any fails.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import os
 import subprocess
@@ -149,7 +150,24 @@ CHECKS = {
 }
 
 
-def main() -> int:
+class OneLineErrors(argparse.ArgumentParser):
+    """argparse, but a bad command line is one `error:` line and exit status 2."""
+
+    def error(self, message: str):
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Every check in turn; the command line takes no option but --help (anything else is a typo
+    to say, not to ignore)."""
+    parser = OneLineErrors(description=__doc__.split("\n\n")[0],
+                           epilog=__doc__.split("\n\n", 1)[1],
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    try:
+        parser.parse_args(argv)
+    except SystemExit as exit:  # a bad command line (2), or --help (0)
+        return exit.code
     failed = 0
     for name, check in CHECKS.items():
         try:

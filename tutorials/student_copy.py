@@ -12,11 +12,14 @@ lab until the student has written it.
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,21 +102,79 @@ def write_copy(out: Path) -> int:
     return written
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python tutorials/student_copy.py OUT", file=sys.stderr)
-        return 2
-    out = Path(argv[0])
+class OneLineErrors(argparse.ArgumentParser):
+    """argparse, but a bad command line is one `error:` line and exit status 2."""
+
+    def error(self, message: str):
+        print(f"error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineErrors(description=__doc__.split("\n\n")[0],
+                           epilog=__doc__.split("\n\n", 1)[1],
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", type=Path, metavar="OUT",
+                        help="a new (or empty) folder outside the repository")
+    return parser
+
+
+def destination_problem(out: Path) -> str | None:
+    """Why `out` cannot take the copy, or None: it must be new or an empty folder (never a link,
+    which would send the copy elsewhere), outside the repository, in a folder that exists."""
+    if out.is_symlink():
+        return f"{out} is a symbolic link: give a plain new folder"
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        print(f"error: {out} exists and is not an empty folder: give a new one", file=sys.stderr)
-        return 2
+        return f"{out} exists and is not an empty folder: give a new one"
     if out.resolve().is_relative_to(ROOT):
-        print(f"error: {out} lies inside the repository: give a folder outside it", file=sys.stderr)
+        return f"{out} lies inside the repository: give a folder outside it"
+    if not out.absolute().parent.is_dir():
+        return f"{out.absolute().parent} is not a folder: make it first"
+    return None
+
+
+def write_whole(out: Path) -> int:
+    """`write_copy` into a hidden sibling of `out`, renamed to `out` once complete: a copy stopped
+    by a full disk, a read-only mount or Ctrl-C leaves nothing behind. The number of files."""
+    out = out.absolute()
+    partial = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.partial-"))
+    try:
+        count = write_copy(partial)
+        partial.chmod(0o777 & ~current_umask())  # mkdtemp's folder is the owner's only
+        os.replace(partial, out)  # over an empty folder, or into a new name
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
+    return count
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        out = build_parser().parse_args(argv).out
+    except SystemExit as exit:  # a bad command line (2), or --help (0)
+        return exit.code
+    problem = destination_problem(out)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
         return 2
-    count = write_copy(out)
+    try:
+        count = write_whole(out)
+    except KeyboardInterrupt:
+        print("error: interrupted (Ctrl-C); nothing was written", file=sys.stderr)
+        return 130
+    except OSError as err:  # a read-only place, a full disk
+        where = err.filename or out
+        print(f"error: {where}: {err.strerror or err}; nothing was written", file=sys.stderr)
+        return 2
     print(f"wrote {count} files to {out}: the labs' starters and graders, no reference answers")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())
