@@ -22,24 +22,20 @@ from collections import namedtuple
 from pathlib import Path
 from typing import Sequence
 
-ROOT = Path(__file__).resolve().parents[1]  # the repository: generate.py and train.py are imported from there
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-import generate  # noqa: E402
-from bench_common import check_report_output, peak_memory, print_table, write_report  # noqa: E402
-from dflash.cli import (OneLineErrors, UsageError, add_device_options, checked,  # noqa: E402
+import generate
+from bench_common import check_report_output, peak_memory, print_table, write_report
+from dflash.cli import (OneLineErrors, UsageError, add_device_options, checked,
                         non_negative, pick_device, pick_dtype, positive_int, run_cli, seed)
-from dflash.drafter import Drafter  # noqa: E402
-from dflash.measure import (BenchPrompt, Loops, Run, distinct_ngram_ratio, left_out, loop_figures, ratio,  # noqa: E402
+from dflash.drafter import Drafter
+from dflash.measure import (BenchPrompt, Loops, Run, distinct_ngram_ratio, left_out, loop_figures, ratio,
                             step_ms, summarize_row)
-from dflash.prompts import (PROMPT_FORMAT, add_prompt_options, check_no_mask_token, check_request,  # noqa: E402
+from dflash.prompts import (PROMPT_FORMAT, add_prompt_options, check_no_mask_token, check_request,
                             encode_for_generation, read_prompts)
-from dflash.qwen3 import Qwen3  # noqa: E402
-from dflash.sampling import Sampling, generation_config, keep_only, sampled_slots  # noqa: E402
-from dflash.tokenizer import find_tokenizer, stop_token_ids  # noqa: E402
+from dflash.qwen3 import Qwen3
+from dflash.sampling import Sampling, generation_config, keep_only, sampled_slots
+from dflash.tokenizer import find_tokenizer, stop_token_ids
 
 # The figures of a loop printed, in order.
 SUMMARY = ("prompts", "tau", "tokens_per_second", "speedup", "speedup_over_fastest_plain", "ideal_speedup",

@@ -35,19 +35,15 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]  # the repository: generate.py and train.py are imported from there
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-import train  # noqa: E402
-from bench_common import (check_report_output, peak_memory, print_table,  # noqa: E402
+import train
+from bench_common import (check_report_output, peak_memory, print_table,
                           reset_peak_memory, write_report)
-from dflash.cli import OneLineErrors, UsageError, run_cli  # noqa: E402
-from dflash.drafter import Drafter  # noqa: E402
-from dflash.qwen3 import Qwen3, Qwen3Config  # noqa: E402
-from dflash.training import init_weights, optimizer_step  # noqa: E402
+from dflash.cli import OneLineErrors, UsageError, run_cli
+from dflash.drafter import Drafter
+from dflash.qwen3 import Qwen3, Qwen3Config
+from dflash.training import init_weights, optimizer_step
 
 # The official configs' shapes (config.json of each released checkpoint); the last one
 # is the test's: Qwen3's vocabulary on a model small enough for a CI machine.

@@ -20,23 +20,18 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 from typing import Sequence
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-import generate  # noqa: E402
-from cpu_study import cpu_description, listed  # noqa: E402
-from dflash.block_choice import choose_block  # noqa: E402
-from bench_common import write_report  # noqa: E402
-from dflash.cli import OneLineErrors, UsageError, checked, run_cli  # noqa: E402
-from dflash.drafter import Drafter  # noqa: E402
-from dflash.qwen3 import Qwen3  # noqa: E402
-from sweep_common import add_sweep_options, load_sweep  # noqa: E402
+import generate
+from cpu_study import cpu_description, listed
+from dflash.block_choice import choose_block
+from bench_common import write_report
+from dflash.cli import OneLineErrors, UsageError, checked, run_cli
+from dflash.drafter import Drafter
+from dflash.qwen3 import Qwen3
+from sweep_common import add_sweep_options, load_sweep
 
 
 def sweep(target: Qwen3, drafter: Drafter, prompts: list[list[int]], stops: list[int],

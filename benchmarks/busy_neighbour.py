@@ -26,14 +26,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Sequence
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from cpu_study import cpu_description, load_average  # noqa: E402
-from bench_common import check_report_output, write_report  # noqa: E402
-from dflash.cli import (OneLineErrors, checked, default_threads,  # noqa: E402
+from cpu_study import cpu_description, load_average
+from bench_common import check_report_output, write_report
+from dflash.cli import (OneLineErrors, checked, default_threads,
                         positive_int, run_cli)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 PROMPT = ("Leo buys 3 pens that cost 4 dollars each. He pays with 20 dollars. How much change does "
           "Leo get?")  # generate.py's own example

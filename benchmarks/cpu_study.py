@@ -46,25 +46,21 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import torch
+from tqdm import tqdm
 
-import torch  # noqa: E402
-from tqdm import tqdm  # noqa: E402
-
-import bench_train  # noqa: E402
-import generate  # noqa: E402
-from bench_common import check_report_output, least_time, write_report  # noqa: E402
-from dflash.cli import OneLineErrors, UsageError, checked  # noqa: E402
-from dflash.cli import CORES, positive_int, run_cli, seed, thread_count  # noqa: E402
-from dflash.block_choice import acceptance_for, best_block, fit_line, geometric  # noqa: E402
-from dflash.block_choice import tokens_per_step  # noqa: E402
-from dflash.drafter import Drafter, DrafterConfig, default_target_layer_ids  # noqa: E402
-from dflash.measure import Wrapped, certain_logits  # noqa: E402
-from dflash.qwen3 import Qwen3, Qwen3Config  # noqa: E402
-from gpu_check import PUBLISHED_TAU  # noqa: E402
-from pass_costs import pass_calls, runner_at  # noqa: E402
+import bench_train
+import generate
+from bench_common import check_report_output, least_time, write_report
+from dflash.cli import OneLineErrors, UsageError, checked
+from dflash.cli import CORES, positive_int, run_cli, seed, thread_count
+from dflash.block_choice import acceptance_for, best_block, fit_line, geometric
+from dflash.block_choice import tokens_per_step
+from dflash.drafter import Drafter, DrafterConfig, default_target_layer_ids
+from dflash.measure import Wrapped, certain_logits
+from dflash.qwen3 import Qwen3, Qwen3Config
+from gpu_check import PUBLISHED_TAU
+from pass_costs import pass_calls, runner_at
 
 VOCAB = bench_train.VOCAB
 # The official config.json shapes (bench_train.py keeps three of them); "tiny" is for the tests.

@@ -36,24 +36,20 @@ from typing import Sequence
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]  # run as a script: generate.py and the package live one floor up
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from dflash.checkpoint import (is_integer, parse_json, read_json, read_side_file,  # noqa: E402
+from dflash.checkpoint import (is_integer, parse_json, read_json, read_side_file,
                               read_text)
-from bench_common import check_report_output, write_report  # noqa: E402
-from dflash.cli import (OneLineErrors, UsageError, add_device_options,  # noqa: E402
+from bench_common import check_report_output, write_report
+from dflash.cli import (OneLineErrors, UsageError, add_device_options,
                         check_token_ids, int_list, pick_device, pick_dtype, positive_int, run_cli)
-from dflash.drafter import Drafter  # noqa: E402
-from dflash.engine_fields import engine_field_problems  # noqa: E402
-from dflash.prompts import PROMPT_FORMAT, add_prompt_options, encode_for_generation, read_prompts  # noqa: E402
-from dflash.qwen3 import Qwen3  # noqa: E402
-from dflash.results import per_position_acceptance  # noqa: E402
-from dflash.tokenizer import END_OF_TEXT, find_tokenizer, stop_token_ids  # noqa: E402
-from dflash.train_kernels import AnchoredBlocks  # noqa: E402
-from dflash.training import estimated_tau  # noqa: E402
-from generate import generate_dflash  # noqa: E402
+from dflash.drafter import Drafter
+from dflash.engine_fields import engine_field_problems
+from dflash.prompts import PROMPT_FORMAT, add_prompt_options, encode_for_generation, read_prompts
+from dflash.qwen3 import Qwen3
+from dflash.results import per_position_acceptance
+from dflash.tokenizer import END_OF_TEXT, find_tokenizer, stop_token_ids
+from dflash.train_kernels import AnchoredBlocks
+from dflash.training import estimated_tau
+from generate import generate_dflash
 
 # A convention is named only when its score beats the configured one's by this factor. A drafter scores highest
 # under the convention it was trained with, so a small lead already says which; but a neighbouring layer's features

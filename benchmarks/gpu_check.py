@@ -69,28 +69,26 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch.overrides import TorchFunctionMode
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
-from torch.overrides import TorchFunctionMode  # noqa: E402
-
-import train  # noqa: E402
-from bench_common import peak_memory, reset_peak_memory  # noqa: E402
-from bench_train import SHAPES as TRAIN_SHAPES, VOCAB, projected_peak_bytes  # noqa: E402
-from dflash.cli import (HelpWithDefaults, OneLineErrors, UsageError,  # noqa: E402
+import train
+from bench_common import peak_memory, reset_peak_memory
+from bench_train import SHAPES as TRAIN_SHAPES, VOCAB, projected_peak_bytes
+from dflash.cli import (HelpWithDefaults, OneLineErrors, UsageError,
                         check_output, checked, non_negative, positive_int, run_cli)
-from dflash.drafter import Drafter, DrafterConfig, default_target_layer_ids  # noqa: E402
-from dflash.flex_reads import filled_blocks  # noqa: E402
-from dflash.measure import Timed  # noqa: E402
-from dflash.qwen3 import KVCache, Qwen3, Qwen3Config  # noqa: E402
-from dflash.train_kernels import AnchoredBlocks  # noqa: E402
-from dflash.training import init_weights, optimizer_step  # noqa: E402
-from generate import (ModelRunner, decode_pass, draft_pass, generate_autoregressive,  # noqa: E402
+from dflash.drafter import Drafter, DrafterConfig, default_target_layer_ids
+from dflash.flex_reads import filled_blocks
+from dflash.measure import Timed
+from dflash.qwen3 import KVCache, Qwen3, Qwen3Config
+from dflash.train_kernels import AnchoredBlocks
+from dflash.training import init_weights, optimizer_step
+from generate import (ModelRunner, decode_pass, draft_pass, generate_autoregressive,
                       generate_dflash, generate_dflash_tree, verify_pass)
+
+ROOT = Path(__file__).resolve().parents[1]
 
 FIXTURES = ROOT / "tests" / "fixtures"
 WEIGHTS = ROOT / "weights"

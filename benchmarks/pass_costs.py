@@ -18,19 +18,15 @@ import sys
 from pathlib import Path
 from typing import Callable, Sequence
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import torch
 
-import torch  # noqa: E402
-
-import generate  # noqa: E402
-from bench_common import check_report_output, least_time, write_report  # noqa: E402
-from dflash.cli import (OneLineErrors, UsageError, checked, positive, positive_int,  # noqa: E402
+import generate
+from bench_common import check_report_output, least_time, write_report
+from dflash.cli import (OneLineErrors, UsageError, checked, positive, positive_int,
                         run_cli, thread_count)
-from dflash.block_choice import fit_line, step_passes, steady_runner  # noqa: E402
-from dflash.drafter import Drafter  # noqa: E402
-from dflash.qwen3 import Qwen3  # noqa: E402
+from dflash.block_choice import fit_line, step_passes, steady_runner
+from dflash.drafter import Drafter
+from dflash.qwen3 import Qwen3
 
 
 def runner_at(target: Qwen3, drafter: Drafter, tokens: int, context: int, compiled: bool) -> generate.ModelRunner:

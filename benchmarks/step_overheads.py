@@ -16,22 +16,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Callable, Sequence
 from unittest import mock
 
-ROOT = Path(__file__).resolve().parents[1]  # the repository, for dflash
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
-import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-
-import dflash.sampling  # noqa: E402
-from bench_common import least_time, print_table  # noqa: E402
-from dflash.cli import OneLineErrors, checked, run_cli  # noqa: E402
-from dflash.sampling import Sampling, sample  # noqa: E402
-from dflash.tree import DraftTree, ancestor_mask, build_tree, verify_inputs, walk  # noqa: E402
+import dflash.sampling
+from bench_common import least_time, print_table
+from dflash.cli import OneLineErrors, checked, run_cli
+from dflash.sampling import Sampling, sample
+from dflash.tree import DraftTree, ancestor_mask, build_tree, verify_inputs, walk
 
 BLOCK = 16  # the demo drafter's block: trees are at most 15 deep
 POLICIES = (Sampling(0.6), Sampling(0.6, top_k=20, top_p=0.95), Sampling(0.7, top_p=0.8))  # Qwen3's is the second
