@@ -8,12 +8,12 @@ shift applied to a block), which turns it into a drafter that really was trained
 """
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+import drafter_check
 import train
 from dflash.drafter import Drafter
 from dflash.prompts import encode_for_generation, read_prompts
@@ -23,8 +23,6 @@ from tests.test_fine_tune import DRAFTER, TARGET, answers, copy_of_drafter, fine
 from tests.test_train import one_error_line
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import drafter_check  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -2,18 +2,16 @@
 each shape vLLM and SGLang report it, set beside a training log; where they part is named."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
+import drafter_check
+from drafter_check import (EngineAcceptance, compare_with_engine, once_reached, read_engine_acceptance,
+                           running_product)
 from tests.test_train import one_error_line
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import drafter_check  # noqa: E402
-from drafter_check import (EngineAcceptance, compare_with_engine, once_reached,  # noqa: E402
-                           read_engine_acceptance, running_product)
 
 # The shipped drafter's last logged slot accuracy (weights/tiny-qwen3-dflash/train_log.jsonl).
 LOG = [0.9459, 0.9498, 0.9389, 0.929, 0.9143, 0.893, 0.85, 0.8142, 0.7881, 0.7667, 0.7471, 0.7187,

@@ -17,20 +17,16 @@ import itertools
 import math
 import os
 import re
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from _lab_helpers import DemoPair  # tutorials/labs/, on the tests' path (pyproject.toml)
 
 torch.set_num_threads(1)
 
 LABS = Path(__file__).resolve().parents[1] / "tutorials" / "labs"
-if str(LABS) not in sys.path:
-    sys.path.insert(0, str(LABS))  # _lab_helpers, as the labs' conftest puts it
-
-from _lab_helpers import DemoPair  # noqa: E402
 
 LAB_FOLDERS = sorted(
     path.name for path in LABS.iterdir() if path.is_dir() and path.name[:2].isdigit()

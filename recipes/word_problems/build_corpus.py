@@ -27,10 +27,10 @@ from collections import Counter
 
 from tqdm import tqdm
 
-from paths import CORPUS, WEIGHTS, WORK  # also puts the repository root on sys.path, for dflash
-from problems import Problem, chat_messages, make_problem
 from dflash.cli import OneLineErrors, UsageError, run_cli
 from dflash.tokenizer import END_OF_TEXT, apply_qwen3_chat_template
+from recipes.word_problems.paths import CORPUS, WEIGHTS, WORK
+from recipes.word_problems.problems import Problem, chat_messages, make_problem
 
 
 def is_heldout(problem: Problem, one_in: int = 50) -> bool:

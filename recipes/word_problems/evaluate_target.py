@@ -18,12 +18,12 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from paths import WEIGHTS, WORK, require  # also puts the repository root on sys.path, for dflash
-from dflash.measure import distinct_ngram_ratio, final_number
 from dflash.cli import OneLineErrors, UsageError, run_cli
+from dflash.data import generate_batch
+from dflash.measure import distinct_ngram_ratio, final_number
 from dflash.qwen3 import Qwen3
 from dflash.tokenizer import load_tokenizer
-from dflash.data import generate_batch
+from recipes.word_problems.paths import WEIGHTS, WORK, require
 
 
 def read_problems(path: Path) -> list[dict]:

@@ -24,10 +24,10 @@ import json
 import random
 from pathlib import Path
 
-from paths import WEIGHTS  # also puts the repository root on sys.path, for dflash
-from build_corpus import problems_of_split
-from problems import chat_messages
 from dflash.cli import OneLineErrors, UsageError, positive_int, run_cli
+from recipes.word_problems.build_corpus import problems_of_split
+from recipes.word_problems.paths import WEIGHTS
+from recipes.word_problems.problems import chat_messages
 
 PEOPLE = [("Grandpa", "he"), ("Aunt Rosa", "she"), ("Uncle Dev", "he"), ("Aunt Mei", "she"), ("Cousin Ali", "he"),
           ("Coach Lee", "he"), ("Mrs. Ito", "she"), ("Mr. Park", "he"), ("Keisha", "she"), ("Mateo", "he"),

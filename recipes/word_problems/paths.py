@@ -5,24 +5,20 @@ plots); everything else (corpus text, token arrays, training prompts, generated
 data, the target's resume state and log) goes to the scratch folder
 `recipes/word_problems/work/`, which git ignores.
 
-Importing this module also puts the repository root on `sys.path`, so the steps
-find the `dflash` package even where it is not installed (`pip install -e .`).
+The steps import `dflash` and each other as installed packages (`pip install -e .`
+lists `recipes.word_problems` beside `dflash`), so they run from any folder.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
+
+from dflash.cli import UsageError
 
 ROOT = Path(__file__).resolve().parents[2]  # the repository root
 WEIGHTS = ROOT / "weights"  # what is shipped
 WORK = Path(__file__).resolve().parent / "work"  # scratch, git-ignored
 CORPUS = WORK / "corpus"
-
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from dflash.cli import UsageError  # noqa: E402
 
 
 def require(path: Path, made_by: str) -> Path:

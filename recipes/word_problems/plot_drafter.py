@@ -14,13 +14,10 @@ import argparse
 import json
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
 
-matplotlib.use("Agg")  # write a file; no display needed
-import matplotlib.pyplot as plt  # noqa: E402
-
-from paths import WEIGHTS, require  # noqa: E402  (also puts the repository root on sys.path, for dflash)
-from dflash.cli import OneLineErrors, run_cli  # noqa: E402
+from dflash.cli import OneLineErrors, run_cli
+from recipes.word_problems.paths import WEIGHTS, require
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,6 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> int:
+    plt.switch_backend("Agg")  # write a file; no display needed
     log = require(args.log, "train.py")
     entries = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
     trained = [e for e in entries if "loss" in e and e["step"] > 10]  # the first log line is the init's spike

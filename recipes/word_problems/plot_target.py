@@ -17,13 +17,10 @@ import json
 import math
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
 
-matplotlib.use("Agg")  # write a file; no display needed
-import matplotlib.pyplot as plt  # noqa: E402
-
-from paths import WEIGHTS, WORK, require  # noqa: E402  (also puts the repository root on sys.path, for dflash)
-from dflash.cli import OneLineErrors, run_cli  # noqa: E402
+from dflash.cli import OneLineErrors, run_cli
+from recipes.word_problems.paths import WEIGHTS, WORK, require
 
 
 def read_curves(log_paths: list[Path]) -> tuple[dict[str, tuple[list[int], list[float]]], list[int]]:
@@ -72,6 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(args: argparse.Namespace) -> int:
+    plt.switch_backend("Agg")  # write a file; no display needed
     curves, boundaries = read_curves(args.log)
     plot(curves, boundaries, args.out, args.title)
     steps, heldout = curves["heldout_loss"]

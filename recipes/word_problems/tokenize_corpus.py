@@ -26,8 +26,8 @@ import numpy as np
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from paths import CORPUS, WORK, require  # also puts the repository root on sys.path, for dflash
 from dflash.cli import OneLineErrors, UsageError, run_cli
+from recipes.word_problems.paths import CORPUS, WORK, require
 
 END_OF_TEXT = "<|endoftext|>"
 

@@ -32,11 +32,11 @@ import torch.nn.functional as F
 from tokenizers import Tokenizer
 from tqdm import tqdm
 
-from paths import CORPUS, WORK, require  # also puts the repository root on sys.path, for dflash
 from dflash.checkpoint import write_json_atomically
 from dflash.cli import OneLineErrors, run_cli
 from dflash.qwen3 import Qwen3, Qwen3Config
 from dflash.training import init_weights, load_training_state, optimizer_step, save_training_state
+from recipes.word_problems.paths import CORPUS, WORK, require
 
 
 def build_model(vocab_size: int, args) -> Qwen3:

@@ -43,9 +43,9 @@ from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from paths import CORPUS, WEIGHTS, require  # also puts the repository root on sys.path, for dflash
 from dflash.checkpoint import write_json_atomically
 from dflash.cli import OneLineErrors, run_cli
+from recipes.word_problems.paths import CORPUS, WEIGHTS, require
 
 END_OF_TEXT, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [END_OF_TEXT, IM_START, IM_END, "<think>", "</think>"]  # their order gives their ids: 0 to 4

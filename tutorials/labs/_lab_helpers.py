@@ -13,17 +13,24 @@ import contextlib
 import functools
 import os
 import random
-import sys
+import types
 from pathlib import Path
 from typing import Callable, Sequence
 from unittest import mock
 
+import torch
+
+import generate
+import teaching  # tutorials/teaching.py (on pytest's path, pyproject.toml): notebook 8's pass costs
+from dflash.drafter import Drafter, DrafterConfig, default_target_layer_ids
+from dflash.measure import certain_logits
+from dflash.prompts import encode_for_generation, read_prompts
+from dflash.qwen3 import Qwen3, Qwen3Config
+from dflash.tokenizer import load_tokenizer
+from generate import ModelRunner, generate_autoregressive, generate_dflash, generate_dflash_tree
+
 LABS = Path(__file__).resolve().parent
 ROOT = LABS.parents[1]  # the repository: dflash/, generate.py, weights/
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))  # the labs run from the repository root and from tutorials/ alike
-
-import torch  # noqa: E402
 
 WEIGHTS = ROOT / "weights"
 PLAIN_PROMPTS, PLAIN_TOKENS = 2, 48  # the held-out prompts and new tokens a plugged-in piece is compared on
@@ -129,17 +136,14 @@ class DemoPair:
 
     @functools.cached_property
     def target(self):
-        from dflash.qwen3 import Qwen3
         return Qwen3.from_pretrained(WEIGHTS / "tiny-qwen3")
 
     @functools.cached_property
     def drafter(self):
-        from dflash.drafter import Drafter
         return Drafter.from_pretrained(WEIGHTS / "tiny-qwen3-dflash", target=self.target)
 
     @functools.cached_property
     def tokenizer(self):
-        from dflash.tokenizer import load_tokenizer
         return load_tokenizer(WEIGHTS / "tiny-qwen3")
 
     @property
@@ -153,23 +157,19 @@ class DemoPair:
     @functools.cache
     def prompts(self, count: int) -> list[tuple[list[int], list[int] | None]]:
         """The first `count` held-out problems as (ids, first-token choices), through the chat template."""
-        from dflash.prompts import encode_for_generation
         return [encode_for_generation(problem, self.tokenizer) for problem in self.problems[:count]]
 
     @functools.cached_property
     def problems(self) -> list:
-        from dflash.prompts import read_prompts
         return read_prompts(WEIGHTS / "heldout_problems.jsonl")
 
     def drawn_prompt(self, rng: random.Random) -> list[int]:
         """One held-out problem drawn at run time, through the chat template: its ids."""
-        from dflash.prompts import encode_for_generation
         return encode_for_generation(rng.choice(self.problems), self.tokenizer)[0]
 
     @functools.cached_property
     def plain_answers(self) -> list[list[int]]:
         """The unmodified plain loop's tokens on the first held-out prompts: what a plugged-in piece must give."""
-        from generate import generate_autoregressive
         return [generate_autoregressive(self.target, ids, PLAIN_TOKENS, stop_ids=self.stop_ids,
                                         first_token_choices=choices).new_ids
                 for ids, choices in self.prompts(PLAIN_PROMPTS)]
@@ -190,14 +190,12 @@ class DemoPair:
 
 def dflash_loop(demo: DemoPair) -> Callable:
     """The chain loop on the demo pair, as `DemoPair.assert_plugged_in_matches` calls it."""
-    from generate import generate_dflash
     return lambda ids, choices, limit: generate_dflash(demo.target, demo.drafter, ids, limit, stop_ids=demo.stop_ids,
                                                        first_token_choices=choices)
 
 
 def tree_loop(demo: DemoPair, budget: int = 16) -> Callable:
     """The tree loop on the demo pair, as `DemoPair.assert_plugged_in_matches` calls it."""
-    from generate import generate_dflash_tree
     return lambda ids, choices, limit: generate_dflash_tree(demo.target, demo.drafter, ids, limit, budget=budget,
                                                             stop_ids=demo.stop_ids, first_token_choices=choices)
 
@@ -209,9 +207,6 @@ def qwen3_8b_counts(context: int = 2048):
     """Notebook 2's roofline counts for one Qwen3-8B pass over `tokens` new tokens after `context` cached ones,
     in bfloat16: `bytes_read(tokens)` (every weight once, the embedding rows used, the whole KV cache) and
     `flops(tokens)` (2 per weight and token, plus attention's scores and sums)."""
-    import types
-
-    from dflash.qwen3 import Qwen3, Qwen3Config
     config = Qwen3Config(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
                          num_attention_heads=32, num_key_value_heads=8, head_dim=128, tie_word_embeddings=False)
     with torch.device("meta"):  # shapes only, no memory
@@ -238,13 +233,6 @@ def tiny_experiment(seed: int = 0):
     over 8 tokens, a stand-in drafter, and `GreedyGuessRunner`, whose drafts are the target's greedy
     continuation of the committed text (`committed`, kept up to date by the loop's
     `on_token`). `next_probabilities(prefixes)` gives the target's exact next-token law after PROMPT + each prefix."""
-    import types
-
-    from dflash.drafter import Drafter, DrafterConfig
-    from dflash.qwen3 import Qwen3, Qwen3Config
-    from dflash.measure import certain_logits
-    from generate import ModelRunner
-
     vocab, prompt, temperature = 8, [1, 5, 2, 6], 1.0
     small = Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                         num_attention_heads=2, num_key_value_heads=1, head_dim=16)
@@ -297,7 +285,6 @@ class WatchedPooledTau:
         self.taus: list[float] = []
 
     def __call__(self, runner_class) -> float:
-        import generate
         demo, lengths = self.demo, []
         seen = torch.zeros(len(demo.drafter.config.target_layer_ids) * demo.target.config.hidden_size, dtype=torch.bool)
         draft_pass = generate.PASSES["draft"]
@@ -321,7 +308,6 @@ def draft_steps(demo: DemoPair, prompts: int, offsets: Sequence[int], top_k: int
     """Tree draft passes of the demo pair inside real answers: (root, logprobs, candidates) per step, as lists
     ((block - 1, top_k) each, likeliest first), after each held-out prompt plus the first `offsets` tokens of
     the target's greedy answer."""
-    from generate import ModelRunner, generate_autoregressive
     steps = []
     for ids, choices in demo.prompts(prompts):
         truth = generate_autoregressive(demo.target, ids, max(offsets), first_token_choices=choices).new_ids
@@ -346,14 +332,6 @@ def qwen3_8b_pass_costs():
     """Notebook 8's section 5, as its costs: `target` and `drafter` (teaching.PassCost of Qwen3-8B
     and its 5-layer DFlash drafter, which borrows the target's LM head), and the GPUs `H100` and
     `H200`."""
-    import types
-
-    if str(LABS.parent) not in sys.path:
-        sys.path.insert(0, str(LABS.parent))  # tutorials/teaching.py
-    import teaching
-    from dflash.drafter import Drafter, DrafterConfig, default_target_layer_ids
-    from dflash.qwen3 import Qwen3, Qwen3Config
-
     big = Qwen3Config()  # Qwen3-8B
     with torch.device("meta"):  # shapes only, no memory
         target = Qwen3(big)
@@ -381,9 +359,6 @@ def gpu_speedup_model():
     on "H100 SXM" or "H200" (Qwen3-8B and a 5-layer drafter of its width, bfloat16, 1,024 cached tokens), with a
     constant per-slot acceptance alpha. A model, not a measurement: a pass takes the longer of its bytes over
     the bandwidth and its FLOPs over the peak rate."""
-    from dflash.drafter import Drafter, DrafterConfig, default_target_layer_ids
-    from dflash.qwen3 import Qwen3, Qwen3Config
-
     gpus = {"H100 SXM": dict(bandwidth=3.35e12, flops=989e12), "H200": dict(bandwidth=4.8e12, flops=989e12)}
     context, big = 1024, Qwen3Config()  # Qwen3-8B
     with torch.device("meta"):

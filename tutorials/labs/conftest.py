@@ -10,18 +10,14 @@
 """
 
 import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # _lab_helpers, wherever pytest is started
-
-from _lab_helpers import LABS, ROOT, DemoPair, graded_kind, short_name  # noqa: E402
+import torch
+from _lab_helpers import LABS, ROOT, DemoPair, graded_kind, short_name  # this folder: pytest puts it on the path
 
 
 def pytest_configure(config):
-    import torch
     torch.set_num_threads(1)  # tiny models: one thread is as fast, and far steadier on a busy machine
 
 

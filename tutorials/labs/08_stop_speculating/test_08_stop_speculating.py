@@ -7,6 +7,7 @@ best_block_at by the property of a maximum, both under the student's (checked) b
 import dataclasses
 import math
 
+import teaching  # notebook 8's own batched roofline: what the student rebuilds
 from _lab_helpers import drawn_random, forbidden, qwen3_8b_pass_costs
 
 RULE = "08_stop_speculating: the lab asks you to write the batched roofline yourself"
@@ -14,8 +15,6 @@ RULE = "08_stop_speculating: the lab asks you to write the batched roofline your
 
 def test_stop_speculating(lab):
     rng, costs = drawn_random(), qwen3_8b_pass_costs()
-    import teaching  # the notebook's own batched roofline: what the student rebuilds
-
     with forbidden(lab, RULE, {teaching: ["batched_pass_ms"]}):
         # refused if the module holds or names it
         lab.batched_pass_ms(costs.target, costs.H200, 2, 16)
