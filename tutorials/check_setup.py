@@ -68,13 +68,17 @@ def check_jupyter() -> str:
 
 
 def check_demo_pair() -> str:
-    sys.path.insert(0, str(ROOT))
+    # Imported here, not at the top: this program's job is to say what is missing, so an import
+    # that fails is a finding, not a crash.
     import torch
-
-    from dflash.drafter import Drafter
-    from dflash.qwen3 import Qwen3
-    from dflash.tokenizer import load_tokenizer
-    from generate import generate_autoregressive, generate_dflash
+    try:
+        from dflash.drafter import Drafter
+        from dflash.qwen3 import Qwen3
+        from dflash.tokenizer import load_tokenizer
+        from generate import generate_autoregressive, generate_dflash
+    except ImportError as err:
+        raise CheckFailed(f"the project is not installed ({err}): run pip install -e . "
+                          f"in the repository") from None
 
     weights = ROOT / "weights"
     if not (weights / "tiny-qwen3").is_dir():
