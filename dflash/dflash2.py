@@ -289,8 +289,11 @@ class DFlash2Drafter(Drafter):
                 cache: KVCache | None = None, attend: Attend | None = None,
                 context_slots: torch.Tensor | None = None) -> torch.Tensor:
         """As `Drafter.forward`; with a sliding window or causal layers, the default `attend`
-        hides what they must not see."""
-        if attend is None and (self.config.sliding_window is not None or self.config.is_causal):
+        hides what they must not see. A caller's own `attend` would not know of them: refused."""
+        if self.config.sliding_window is not None or self.config.is_causal:
+            if attend is not None:
+                raise ValueError("a DFlash2 drafter with a sliding window or causal layers "
+                                 "builds its own attention mask; pass attend=None")
             attend = masked(self.visible_keys(context_positions, block_positions, cache))
         return super().forward(features, block_embeddings, context_positions, block_positions,
                                cache=cache, attend=attend, context_slots=context_slots)
@@ -354,7 +357,27 @@ def load_drafter(path, target: Qwen3 | None = None, device="cpu",
                  dtype: torch.dtype = torch.float32, trainable: bool = False) -> Drafter:
     """A DFlash or a DFlash2 drafter, as its `config.json`'s `architectures` says."""
     path = checkpoint.checkpoint_folder(path, "drafter checkpoint")
-    raw = checkpoint.read_json(path / "config.json")
-    is_dflash2 = isinstance(raw, dict) and raw.get("architectures") == [ARCHITECTURE]
-    cls = DFlash2Drafter if is_dflash2 else Drafter
-    return cls.from_pretrained(path, target, device, dtype, trainable)
+    file = path / "config.json"
+    raw = checkpoint.read_json(file)
+    if isinstance(raw, dict) and raw.get("architectures") == [ARCHITECTURE]:
+        return DFlash2Drafter.from_pretrained(path, target, device, dtype, trainable)
+    check_plain_dflash(raw, str(file))
+    return Drafter.from_pretrained(path, target, device, dtype, trainable)
+
+
+# Fields the reference honours for a DFlash drafter too, and the values that change nothing.
+HEAD_AND_EMBEDDING_FIELDS = {"output_multiplier": (1,), "final_logit_softcapping": (None, 0),
+                             "input_embedding_scale": (1,)}
+
+
+def check_plain_dflash(raw, source: str) -> None:
+    """Refuse a DFlash config that scales its logits or embeddings: the reference honours those
+    fields for DFlash drafters too, and `Drafter` does not implement them."""
+    dflash = raw.get("dflash_config") if isinstance(raw, dict) else None
+    if not isinstance(dflash, dict):
+        return  # Drafter.from_pretrained says what is wrong
+    for name, inert in HEAD_AND_EMBEDDING_FIELDS.items():
+        value = dflash.get(name, raw.get(name, inert[0]))  # dflash_config first, as there
+        if value not in inert:
+            raise CheckpointError(f"{source}: {name}={json.dumps(value)} is not supported for a "
+                                  f"DFlash drafter (only for {ARCHITECTURE})")

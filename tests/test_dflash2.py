@@ -107,6 +107,23 @@ def test_fields_it_cannot_honour_are_refused_in_one_line(edit, fragment):
     assert fragment in refused(raw)
 
 
+@pytest.mark.parametrize("field, value", [("output_multiplier", 0.5),
+                                          ("final_logit_softcapping", 30.0),
+                                          ("input_embedding_scale", 2.0)])
+def test_a_dflash_checkpoint_that_scales_its_head_is_refused(tmp_path, field, value):
+    """The reference honours these for DFlash drafters too; the DFlash drafter does not."""
+    for name in ("config.json", "model.safetensors"):
+        (tmp_path / name).write_bytes((FIXTURES / "dflash-tiny" / name).read_bytes())
+    raw = json.loads((tmp_path / "config.json").read_text())
+    raw["dflash_config"][field] = value
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    with pytest.raises(CheckpointError, match=f"{field}={value} is not supported for a DFlash"):
+        load_drafter(tmp_path)
+    raw["dflash_config"][field] = None if field == "final_logit_softcapping" else 1.0
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    assert type(load_drafter(tmp_path)) is Drafter  # the values that change nothing
+
+
 def test_a_refused_checkpoint_folder_says_so_on_load(tmp_path):
     for name in ("config.json", "model.safetensors"):
         (tmp_path / name).write_bytes((DRAFTER / name).read_bytes())
@@ -162,6 +179,14 @@ def test_the_sliding_window_is_what_makes_it_equal(pair):
     finally:
         drafter.config = config
     assert (hidden - ref["draft_hidden"]).abs().max() > 100 * TOLERANCE
+
+
+def test_a_mask_of_its_own_is_refused_where_it_would_ignore_the_window(pair):
+    target, drafter, ref = pair
+    block = drafter.embed_block(target, ref["block_ids"])
+    with pytest.raises(ValueError, match="builds its own attention mask"):
+        drafter(ref["features"], block, torch.arange(12), torch.arange(12, 20),
+                attend=lambda q, k, v: q)
 
 
 def by_token(candidates: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
