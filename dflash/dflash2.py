@@ -79,11 +79,11 @@ class DFlash2Config(DrafterConfig):
             raise CheckpointError(f"{source}: dflash_config.{missing[0]} is missing")
         values = {name: value for name, value in values.items() if value is not None}
         check_fields(values, DFLASH2_FIELD_RULES, source)
-        window, causal = attention_fields(raw, source)
-        # What is left is a DFlash drafter's config; its layer kinds were read just above.
+        # The rest is a DFlash drafter's config, but for its layer kinds, read right after.
         plain = {name: value for name, value in raw.items()
                  if name not in ("layer_types", "use_sliding_window", "sliding_window")}
         base = DrafterConfig.from_dict(plain, source)
+        window, causal = attention_fields(raw, base.layers.num_hidden_layers, source)
         config = cls(**vars(base), **values, sliding_window=window, is_causal=causal)
         check_sizes(config, source)
         return config
@@ -102,12 +102,11 @@ class DFlash2Config(DrafterConfig):
                 "dflash_config": {**raw["dflash_config"], "block_size": self.block_size, **extra}}
 
 
-def attention_fields(raw: dict, source: str) -> tuple[int | None, bool]:
+def attention_fields(raw: dict, depth: int, source: str) -> tuple[int | None, bool]:
     """(sliding window or None, causal) from `layer_types`, `sliding_window` and `is_causal`.
     As in the reference, a sliding layer is causal unless `is_causal` says otherwise, and
     `use_sliding_window` changes nothing. One pass serves all layers, so all are of one kind."""
-    depth = raw.get("num_hidden_layers")
-    kinds = raw.get("layer_types") or ["full_attention"] * (depth if isinstance(depth, int) else 0)
+    kinds = raw.get("layer_types") or ["full_attention"] * depth
     if not isinstance(kinds, list) or any(kind not in LAYER_KINDS for kind in kinds):
         raise CheckpointError(f"{source}: layer_types must list 'full_attention' or "
                               f"'sliding_attention' per layer, got {json.dumps(kinds)}")
@@ -116,7 +115,7 @@ def attention_fields(raw: dict, source: str) -> tuple[int | None, bool]:
                               f"not supported")
     if len(kinds) != depth:
         raise CheckpointError(f"{source}: layer_types has {len(kinds)} entries for "
-                              f"num_hidden_layers={json.dumps(depth)}")
+                              f"num_hidden_layers={depth}")
     sliding = kinds[:1] == ["sliding_attention"]
     window, causal = raw.get("sliding_window"), raw.get("is_causal")
     if sliding:
@@ -267,6 +266,16 @@ class CandidateSelector(nn.Module):
             path.append(predecessor)
         return (torch.stack(path, dim=1), candidates,
                 torch.stack(probs, dim=1) if probs else None)
+
+
+def over_the_vocabulary(candidates: torch.Tensor, probs: torch.Tensor,
+                        vocab_size: int) -> torch.Tensor:
+    """A sampled walk's distributions (..., k) over each slot's candidates (..., k), as
+    distributions over the whole vocabulary (..., vocab), 0 off the candidates: what rejection
+    sampling (`dflash.sampling.verdicts`) takes. The reference's `_rejection_sample` with
+    `draft_indices` computes the same q(d) and max(0, p - q) from the (k,) form."""
+    full = torch.zeros(*probs.shape[:-1], vocab_size, dtype=probs.dtype, device=probs.device)
+    return full.scatter_(-1, candidates, probs)  # top-k tokens are distinct: nothing adds up
 
 
 # ------------------------------------------------------------------------------- the model

@@ -14,10 +14,10 @@ from safetensors.torch import load_file
 
 from dflash.checkpoint import CheckpointError
 from dflash.dflash2 import (DFlash2Config, DFlash2Drafter, GroupedDynamicCausalConv,
-                            grouped_dynamic_convolve, load_drafter)
+                            grouped_dynamic_convolve, load_drafter, over_the_vocabulary)
 from dflash.drafter import Drafter
 from dflash.qwen3 import KVCache, Qwen3
-from dflash.sampling import tempered_softmax
+from dflash.sampling import tempered_softmax, verdicts
 from tests.test_line_width import wide_lines
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -235,6 +235,26 @@ def test_sampled_walk_draws_from_the_reference_probabilities(pair):
                                                 temperature, generator)
     assert (tokens[..., None] == candidates).any(-1).all()  # every draw is a candidate
     assert torch.allclose(probs.sum(-1), torch.ones(2, 7, dtype=probs.dtype))
+
+
+def test_candidate_probabilities_over_the_vocabulary_judge_as_the_reference():
+    """The reference's `_rejection_sample` with `draft_indices` reads q(d) as the sum of the
+    probabilities of the candidates equal to d and subtracts q from p by scatter_add; spread
+    over the vocabulary, q gives the same numbers, which `verdicts` then judges."""
+    generator = torch.Generator().manual_seed(9)
+    target_probs = torch.softmax(torch.randn(4, 50, generator=generator), -1).double()
+    candidates = torch.stack([torch.randperm(50, generator=generator)[:6] for _ in range(3)])
+    probs = torch.softmax(torch.randn(3, 6, generator=generator), -1).double()
+    drafts = candidates[:, 0]
+    full = over_the_vocabulary(candidates, probs, 50)  # (3, 50)
+    theirs_q = (probs * (candidates == drafts[:, None])).sum(-1)
+    assert torch.equal(full.gather(-1, drafts[:, None])[:, 0], theirs_q)
+    for slot in range(3):
+        theirs = target_probs[slot].clone().scatter_add_(0, candidates[slot], -probs[slot])
+        assert torch.allclose((target_probs[slot] - full[slot]).clamp(min=0),
+                              theirs.clamp(min=0), atol=1e-15)
+    tokens = verdicts(target_probs, torch.cat([drafts, drafts[:1]]), full, generator)
+    assert tokens.shape == (4,)
 
 
 # --------------------------------------------------------------- the parts, against slow ones
