@@ -162,7 +162,12 @@ def grouped_dynamic_convolve(x: torch.Tensor, dynamic: torch.Tensor, base: torch
 class GroupedDynamicCausalConv(nn.Module):
     """Two convolutions wrapped around one sublayer: `prepare` mixes its input, `finish` its
     output. Both kernels are predicted from the sublayer's input (one projection), so `prepare`
-    hands `finish` the second."""
+    hands `finish` the second.
+
+    Why: a block is drafted all at once, every slot's guess made beside the others'; attention
+    mixes slots only by what the queries happen to pick. These few taps (2 in the released
+    drafter) give each slot its neighbours before it directly, in order, the left-to-right
+    dependency text has, for about `taps` multiply-adds per channel: cheap next to attention."""
 
     def __init__(self, hidden_size: int, kernel_size: int, group_size: int):
         super().__init__()
