@@ -25,7 +25,7 @@ from torch import nn
 from dflash import checkpoint
 from dflash.checkpoint import POSITIVE_NUMBER, SIZE, CheckpointError, check_fields, is_number
 from dflash.drafter import Drafter, DrafterConfig, DrafterLayer, check_fits
-from dflash.qwen3 import Attend, Attention, KVCache, Qwen3, Rope, argmax, masked
+from dflash.qwen3 import Attend, KVCache, Qwen3, Rope, argmax, masked
 from dflash.sampling import draw, tempered_softmax
 
 ARCHITECTURE = "DFlash2DraftModel"  # `architectures` in a released DFlash2 `config.json`
@@ -190,20 +190,6 @@ class GroupedDynamicCausalConv(nn.Module):
         return grouped_dynamic_convolve(y, dynamic, self.base_kernel[1], self.group_size)
 
 
-def attend_with_context(attn: Attention, normed: torch.Tensor, context: torch.Tensor, rope: Rope,
-                        attend: Attend, cache: KVCache | None,
-                        slots: torch.Tensor | None) -> torch.Tensor:
-    """DrafterLayer's attention, as a function the conv can wrap: the block's queries read the
-    context's and the block's keys (KV injection). normed (batch, B, hidden) -> same shape."""
-    seq = normed.shape[1]
-    block_rope = (rope[0][..., -seq:, :], rope[1][..., -seq:, :])  # the block's: (..., B, hd)
-    q = attn.queries(normed, block_rope)  # (batch, heads, B, hd)
-    k, v = attn.keys_values(torch.cat([context, normed], dim=1), rope)  # (b, kv_h, ctx + B, hd)
-    if cache is not None:
-        k, v = cache.write(attn.layer_index, slots, k, v)
-    return attn.output(attend(q, k, v))  # (batch, B, hidden)
-
-
 class DFlash2Layer(DrafterLayer):
     """A DFlash drafter layer with a convolution around the attention and one around the MLP."""
 
@@ -216,10 +202,23 @@ class DFlash2Layer(DrafterLayer):
     def forward(self, block: torch.Tensor, context: torch.Tensor, rope: Rope, attend: Attend,
                 cache: KVCache | None, slots: torch.Tensor | None) -> torch.Tensor:
         normed, kernel = self.attention_conv.prepare(self.input_layernorm(block))
-        heads = attend_with_context(self.self_attn, normed, context, rope, attend, cache, slots)
+        heads = self.attention(normed, context, rope, attend, cache, slots)
         block = block + self.attention_conv.finish(heads, kernel)
         normed, kernel = self.mlp_conv.prepare(self.post_attention_layernorm(block))
         return block + self.mlp_conv.finish(self.mlp(normed), kernel)
+
+    def attention(self, normed: torch.Tensor, context: torch.Tensor, rope: Rope, attend: Attend,
+                  cache: KVCache | None, slots: torch.Tensor | None) -> torch.Tensor:
+        """DrafterLayer's attention, apart so that the convolution can wrap it: the block's
+        queries read the context's keys and the block's (KV injection). normed (batch, B,
+        hidden) -> (batch, B, hidden)."""
+        attn, seq = self.self_attn, normed.shape[1]
+        block_rope = (rope[0][..., -seq:, :], rope[1][..., -seq:, :])  # the block's: (..., B, hd)
+        q = attn.queries(normed, block_rope)  # (batch, heads, B, hd)
+        k, v = attn.keys_values(torch.cat([context, normed], dim=1), rope)  # (b, kv_h, ctx + B, hd)
+        if cache is not None:
+            k, v = cache.write(attn.layer_index, slots, k, v)
+        return attn.output(attend(q, k, v))  # (batch, B, hidden)
 
 
 # ------------------------------------------------------------------------ the candidate selector
