@@ -46,7 +46,7 @@ def refuse_overlap(outputs: dict[str, object], inputs: dict[str, object]) -> Non
                 else "lies inside" if mine.is_relative_to(theirs) else None
             if relation:
                 raise UsageError(f"{option} {output} {relation} {other} {given}: an output must "
-                                 f"stay apart from what the program reads and writes else")
+                                 f"lie apart from the program's inputs and other outputs")
 
 
 def encode_prompts(path: Path, tokenizer, chat: bool | None, thinking: bool, token_healing: bool,

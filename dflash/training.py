@@ -610,8 +610,12 @@ class LogTally:
 
 def write_log(log_path: Path, record: dict, bar, tokens_per_second: float) -> None:
     """Append the record to the JSONL log and show its main figures on the progress bar."""
-    with open(log_path, "a") as log:
-        log.write(json.dumps(record) + "\n")
+    try:
+        with open(log_path, "a") as log:
+            log.write(json.dumps(record) + "\n")
+    except FileNotFoundError:
+        raise UsageError(f"{log_path.parent}: the run folder is gone (moved or deleted while the "
+                         f"run trained in it); its last checkpoint is wherever it went") from None
     accuracy = record["slot_accuracy"]
     shown = {"loss": f"{record['loss']:.3f}", "acc1": f"{accuracy[0]:.2f}",
              "acc_mean": f"{sum(accuracy) / len(accuracy):.2f}", "tau~": f"{record['tau_estimate']:.2f}",
