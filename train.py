@@ -25,7 +25,7 @@ from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
 from dflash.cli import UsageError, run_cli
-from dflash.data import Sequences, check_batch, refuse_overlap
+from dflash.data import Sequences, refuse_overlap
 from dflash.drafter import DrafterConfig
 from dflash.evaluation import evaluate
 from dflash.qwen3 import Qwen3, masked
@@ -35,10 +35,11 @@ from dflash.train_config import (  # noqa: F401 (DEFAULT_*, build_drafter_config
 from dflash.train_kernels import AnchoredBlocks, chunked_lm_head_loss
 from dflash.train_run import Inputs, Run, load_inputs, start_run as build_run
 from dflash.training import (LOG_FILE, RUN_OUTPUTS, Distributed, LogTally, Signals,  # noqa: F401
-                             anchor_generator, apply_gradients, distributed_run, freeze,
-                             full_weights, global_batch_items, gradient_sync, heldout_shares,
-                             init_weights as init_drafter, keep_if_best, owned_run_folder,
-                             save_checkpoint, share_of_batch, what_is_due, write_log)
+                             anchor_generator, apply_gradients, check_batch, distributed_run,
+                             freeze, full_weights, global_batch_items, gradient_sync,
+                             heldout_shares, init_weights as init_drafter, keep_if_best,
+                             owned_run_folder, save_checkpoint, share_of_batch, what_is_due,
+                             write_log)
 
 IGNORE = -100  # cross_entropy's ignore_index: this slot has no label
 

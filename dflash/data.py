@@ -27,6 +27,7 @@ from dflash.prompts import encode_for_generation, read_prompts
 from dflash.qwen3 import Qwen3
 from dflash.sampling import Sampling, keep_only, sample
 from dflash.tokenizer import TokenizerError
+from dflash.training import check_batch
 
 
 def refuse_overlap(outputs: dict[str, object], inputs: dict[str, object]) -> None:
@@ -368,16 +369,6 @@ def check_packed(folder: Path, arrays: dict, sha256, vocab_size: int) -> str:
         raise UsageError(f"{folder}: the data's sha256 is not the {MANIFEST}'s (changed since "
                          f"make_data.py packed it?)")
     return digest.hexdigest()
-
-
-def check_batch(ids: np.ndarray, mask: np.ndarray, vocab_size: int, where: str) -> None:
-    """Refuse token ids past the vocabulary and mask values other than 0 and 1 (one max each):
-    the embedding would fail on the one, RoPE on the other, far from the file that is wrong."""
-    if len(ids) and int(ids.max()) >= vocab_size:
-        raise UsageError(f"{where}: token id {int(ids.max())} is outside the target's vocabulary "
-                         f"(0..{vocab_size - 1})")
-    if len(mask) and int(mask.max()) > 1:
-        raise UsageError(f"{where}: loss mask value {int(mask.max())}, not 0 or 1")
 
 
 def cut_note(sequences: Sequences, limit: int, max_seq_len: int, cut: str) -> str:

@@ -79,6 +79,16 @@ def distributed_run(device_name: str) -> Iterator[Distributed]:
         dist.destroy_process_group()
 
 
+def check_batch(ids: np.ndarray, mask: np.ndarray, vocab_size: int, where: str) -> None:
+    """Refuse token ids past the vocabulary and mask values other than 0 and 1 (one max each):
+    the embedding would fail on the one, RoPE on the other, far from the file that is wrong."""
+    if len(ids) and int(ids.max()) >= vocab_size:
+        raise UsageError(f"{where}: token id {int(ids.max())} is outside the target's vocabulary "
+                         f"(0..{vocab_size - 1})")
+    if len(mask) and int(mask.max()) > 1:
+        raise UsageError(f"{where}: loss mask value {int(mask.max())}, not 0 or 1")
+
+
 def steps_per_epoch(num_items: int, global_batch: int) -> int:
     """Steps to see every item once, `global_batch` items a step (the last step of an epoch filled from its start)."""
     return math.ceil(num_items / global_batch)
