@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Sequence, TextIO
+from typing import Sequence
 
 import torch
 from tqdm import tqdm
