@@ -350,25 +350,46 @@ def check_packed(folder: Path, arrays: dict, sha256, vocab_size: int) -> str:
     """The packed arrays' content hash, after one pass checking that they say what make_data.py
     wrote: offsets rising from 0 to the token count, each sequence's first anchor where its
     answer's first two tokens in a row are, ids in the vocabulary, a mask of 0s and 1s, and the
-    hash the manifest records (if any). Streams the files once (a memory map, never whole)."""
+    hash the manifest records (if any). Streams the files once, some million tokens at a time."""
     tokens, mask, offsets, anchors = (arrays[name] for name in PACKED)
     if offsets[0] != 0 or offsets[-1] != len(tokens) or np.any(np.diff(offsets) < 0):
         raise UsageError(f"{folder}: offsets.bin does not rise from 0 to the {len(tokens)} tokens "
                          f"(entries out of order or past the end)")
-    digest = hashlib.sha256()
-    for index in range(len(anchors)):
-        row = slice(offsets[index], offsets[index + 1])
-        ids, answer = tokens[row], mask[row]
-        where = f"{folder}: sequence {index}"
-        check_batch(ids, answer, vocab_size, where)
-        if anchors[index] != first_anchor(answer):
-            raise UsageError(f"{where}: first_anchor.bin says {anchors[index]}, its loss mask "
-                             f"{first_anchor(answer)}")
-        digest.update(ids.tobytes() + answer.tobytes())
+    digest, first = hashlib.sha256(), 0
+    while first < len(anchors):  # sequences first..last-1: at least one, about CHUNK tokens
+        last = max(first + 1, int(np.searchsorted(offsets, offsets[first] + CHUNK, "right")) - 1)
+        bounds = np.asarray(offsets[first:last + 1]) - offsets[first]  # (k + 1,): in the chunk
+        ids = np.asarray(tokens[offsets[first]:offsets[last]])
+        answer = np.asarray(mask[offsets[first]:offsets[last]])
+        check_batch(ids, answer, vocab_size, f"{folder}: sequences {first}..{last - 1}")
+        found = first_anchors(answer, bounds)  # (k,)
+        wrong = np.flatnonzero(found != np.asarray(anchors[first:last]))
+        if len(wrong):
+            index = first + int(wrong[0])
+            raise UsageError(f"{folder}: sequence {index}: first_anchor.bin says "
+                             f"{anchors[index]}, its loss mask {found[wrong[0]]}")
+        for begin, end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):  # as the JSONL hashes
+            digest.update(ids[begin:end])
+            digest.update(answer[begin:end])
+        first = last
     if sha256 is not None and sha256 != digest.hexdigest():
         raise UsageError(f"{folder}: the data's sha256 is not the {MANIFEST}'s (changed since "
                          f"make_data.py packed it?)")
     return digest.hexdigest()
+
+
+CHUNK = 1 << 24  # tokens `check_packed` reads at a time: 80 MiB of ids and masks
+
+
+def first_anchors(mask: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """`first_anchor` of each sequence of a flat 0/1 mask, sequence i at bounds[i]..bounds[i+1]:
+    (k,), -1 where none; vectorised, the same positions one call per sequence would give."""
+    pairs = np.flatnonzero(mask[:-1] & mask[1:])  # a such that a and a + 1 are in an answer
+    starts, ends = bounds[:-1], bounds[1:]
+    after = np.searchsorted(pairs, starts)  # each sequence's first pair at or after its start
+    found = pairs[np.minimum(after, len(pairs) - 1)] if len(pairs) else np.zeros_like(starts)
+    inside = (after < len(pairs)) & (found + 1 < ends)
+    return np.where(inside, found - starts, -1)
 
 
 def cut_note(sequences: Sequences, limit: int, max_seq_len: int, cut: str) -> str:
