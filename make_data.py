@@ -173,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_options(parser, draft_policy=False)
     add_prompt_options(parser)
     parser.add_argument("--pack", type=Path, help="then also write OUT as a packed folder train.py "
-                        "memory-maps (run again to pack an OUT already complete)")
+                        "memory-maps (run again to pack an OUT already complete); a folder there "
+                        "is replaced only if it is packed data")
     add_device_options(parser)
     return parser
 

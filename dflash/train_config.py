@@ -303,8 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     either.add_argument("--auto-resume", action="store_true", help="resume if --out holds a "
                         "checkpoint, else start (over what a run left before its first save): "
                         "one command for the first start and every restart")
-    either.add_argument("--force", action="store_true",
-                        help="start over even though --out is not empty")
+    either.add_argument("--force", action="store_true", help="start over even though --out is "
+                        "not empty, removing the old run's files: only in a run folder of "
+                        "train.py (with training_state.pt or train.lock, or only its files)")
     add("--fsdp", action="store_true",
         help="under torchrun: shard the drafter (FSDP2) instead of replicating it")
     add_device_options(parser)  # --dtype is the frozen target's: the drafter trains in float32
