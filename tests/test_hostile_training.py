@@ -141,6 +141,8 @@ def train_cases(tmp: Path, world: dict[str, Path]) -> dict[str, tuple[list[str],
                                "holds --data"),
         "a foreign folder, --force": (["--out", str(foreign), "--force"],
                                       "holds notes.txt, not a run folder"),
+        "a foreign folder, --auto-resume": (["--out", str(foreign), "--auto-resume"],
+                                            "holds notes.txt, not a run folder"),
     }
 
 
