@@ -13,14 +13,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Sequence, TextIO
+from typing import Sequence
 
 import torch
 from tqdm import tqdm
 
 from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_output, jsonl_records,
                         pick_device, pick_dtype, positive_int, run_cli, seed)
-from dflash.data import content_hash, encode_prompts, generate_batch, pack
+from dflash.data import (content_hash, encode_prompts, generate_batch, pack, packed_folder_mark,
+                         refuse_overlap)
 from dflash.prompts import PROMPT_FORMAT, add_prompt_options
 from dflash.qwen3 import Qwen3
 from dflash.sampling import Sampling, add_sampling_options, sampling_of
@@ -49,13 +50,38 @@ def done_indices(path: Path, settings: dict | None = None) -> set[int]:
     return done
 
 
-def open_for_append(path: Path) -> TextIO:
-    """Open `path` to append records, first cutting off a half-written last line (a crash)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def cut_torn_line(path: Path) -> None:
+    """Cut off a half-written last line (a crash mid-append), so appended records start whole."""
     if path.exists():
         with open(path, "rb+") as file:
             file.truncate(file.read().rfind(b"\n") + 1)
-    return open(path, "a", encoding="utf-8")
+
+
+def append_records(path: Path, records: list[dict]) -> None:
+    """Append `records` as whole JSONL lines, or nothing: a write that fails (a full disk, Ctrl-C)
+    is cut back to where it began, and a file or folder made for it goes again, so the file only
+    ever holds whole records and a failed first write leaves no trace."""
+    made = [folder for folder in (path.parent, *path.parent.parents) if not folder.exists()]
+    existed = path.exists()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab", buffering=0) as file:  # unbuffered: what failed is known, and undone
+        start = file.tell()
+        try:
+            write_all(file, "".join(json.dumps(record) + "\n" for record in records).encode())
+        except BaseException:
+            file.truncate(start)
+            if not existed:
+                path.unlink()
+                for folder in made:  # innermost first
+                    folder.rmdir()
+            raise
+
+
+def write_all(file, data: bytes) -> None:
+    """Write every byte of `data` to an unbuffered file (a raw write may write only a part)."""
+    view = memoryview(data)
+    while view:
+        view = view[file.write(view):]
 
 
 def make_data(args: argparse.Namespace) -> int:
@@ -65,6 +91,10 @@ def make_data(args: argparse.Namespace) -> int:
         if not args.pack.name:  # "" or ".": the packed files need a folder of their own
             raise UsageError(f"--pack {str(args.pack)!r}: name a folder for the packed data")
         check_output(args.pack, "--pack", folder=True)
+    refuse_overlap({"--out": args.out, "--pack": args.pack},
+                   {"--target": args.target, "--prompts": args.prompts, "--tokenizer": args.tokenizer})
+    if args.pack:
+        packed_folder_mark(args.pack)  # checked now, not after the answers are made
     sampling = sampling_of(args, args.target)
     settings = answer_settings(args, sampling)
     done = done_indices(args.out, settings)
@@ -92,17 +122,17 @@ def make_data(args: argparse.Namespace) -> int:
                          f"(written for another prompt file?)")
     pending = [i for i in range(len(prompts)) if i not in done]
     generator = None if sampling.greedy else torch.Generator(device).manual_seed(args.seed)
-    with open_for_append(args.out) as out, tqdm(total=len(prompts), initial=len(done), unit="prompt") as bar:
+    cut_torn_line(args.out)
+    with tqdm(total=len(prompts), initial=len(done), unit="prompt") as bar:
         for start in range(0, len(pending), args.batch_size):
             indices = pending[start:start + args.batch_size]
             batch, choices = [prompts[i][0] for i in indices], [prompts[i][1] for i in indices]
             answers = generate_batch(target, batch, args.max_new_tokens, sampling, stop_ids,
                                      generator, first_token_choices=choices)
-            for i, prompt, answer in zip(indices, batch, answers):  # the format at the top of this file
-                out.write(json.dumps({"index": i, "input_ids": prompt + answer,
-                                      "loss_mask": [0] * len(prompt) + [1] * len(answer), "settings": settings}) + "\n")
-            out.flush()  # a crash loses at most the batch being written
-            bar.update(len(indices))
+            append_records(args.out, [{"index": i, "input_ids": prompt + answer,  # the format above
+                                       "loss_mask": [0] * len(prompt) + [1] * len(answer), "settings": settings}
+                                      for i, prompt, answer in zip(indices, batch, answers)])
+            bar.update(len(indices))  # a crash loses at most the batch being written
     if args.pack:
         identity = {"target": str(args.target), "settings": settings,
                     "target_config_sha256": content_hash(args.target / "config.json")}
@@ -143,7 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_options(parser, draft_policy=False)
     add_prompt_options(parser)
     parser.add_argument("--pack", type=Path, help="then also write OUT as a packed folder train.py "
-                        "memory-maps (run again to pack an OUT already complete)")
+                        "memory-maps (run again to pack an OUT already complete); a folder there "
+                        "is replaced only if it is packed data")
     add_device_options(parser)
     return parser
 

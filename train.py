@@ -25,7 +25,7 @@ from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
 from dflash.cli import UsageError, run_cli
-from dflash.data import Sequences
+from dflash.data import Sequences, refuse_overlap
 from dflash.drafter import DrafterConfig
 from dflash.evaluation import evaluate
 from dflash.qwen3 import Qwen3, masked
@@ -33,12 +33,13 @@ from dflash.train_config import (  # noqa: F401 (DEFAULT_*, build_drafter_config
     DEFAULT_BLOCK_SIZE, DEFAULT_DRAFTER_LAYERS, MAY_CHANGE_ON_RESUME, TrainConfig, build_parser,
     build_drafter_config, starting_or_resuming)
 from dflash.train_kernels import AnchoredBlocks, chunked_lm_head_loss
-from dflash.train_run import Run, start_run as build_run
+from dflash.train_run import Inputs, Run, load_inputs, start_run as build_run
 from dflash.training import (LOG_FILE, RUN_OUTPUTS, Distributed, LogTally, Signals,  # noqa: F401
-                             anchor_generator, apply_gradients, distributed_run, freeze,
-                             full_weights, global_batch_items, gradient_sync, heldout_shares,
-                             init_weights as init_drafter, keep_if_best, owned_run_folder,
-                             save_checkpoint, share_of_batch, what_is_due, write_log)
+                             anchor_generator, apply_gradients, check_batch, distributed_run,
+                             freeze, full_weights, global_batch_items, gradient_sync,
+                             heldout_shares, init_weights as init_drafter, keep_if_best,
+                             owned_run_folder, save_checkpoint, share_of_batch, what_is_due,
+                             write_log)
 
 IGNORE = -100  # cross_entropy's ignore_index: this slot has no label
 
@@ -150,6 +151,9 @@ def micro_batch(data: Sequences, indices: list[int], epoch: int, cfg: TrainConfi
     """Sequences `indices` of `data`, with their anchors of `epoch`: a MicroBatch."""
     rows = [slice(data.starts[i], data.starts[i] + data.lengths[i]) for i in indices]
     sequences = [(data.tokens[row], data.loss_mask[row]) for row in rows]  # read from disk here
+    for i, (ids, mask) in zip(indices, sequences):  # a file changed since it was checked
+        if data.vocab_size is not None:
+            check_batch(ids, mask, data.vocab_size, f"{data.source}: sequence {i}")
     input_ids, loss_mask = collate(sequences, device)  # (batch, S)
     generators = [anchor_generator(cfg.seed, epoch, i) for i in indices]
     anchors, real = batch_anchors(loss_mask, cfg.num_anchors, generators)  # (batch, K) each
@@ -210,10 +214,10 @@ def drafter_loss(target: Qwen3, drafter: nn.Module, features: torch.Tensor, batc
 # ------------------------------------------------------------------ the run
 
 
-def start_run(cfg: TrainConfig, place: Distributed) -> Run:
+def start_run(cfg: TrainConfig, place: Distributed, inputs: Inputs | None = None) -> Run:
     """The run (`dflash.train_run`), its loss weighting the slots as this recipe does."""
     gamma = lambda block: cfg.gamma or gamma_for_block_size(block)  # noqa: E731
-    return build_run(cfg, place, lambda block: slot_weights(block, gamma(block)))
+    return build_run(cfg, place, lambda block: slot_weights(block, gamma(block)), inputs)
 
 
 def batch_loss(run: Run, batch: MicroBatch, weight_total: torch.Tensor):
@@ -303,9 +307,14 @@ def train(cfg: TrainConfig, place: Distributed) -> dict:
     """Train (or resume) this process's share; return the last log record. When due: checkpoint,
     then log (with an evaluation: a failing one never loses the run), then keep the step in best/
     if its held-out loss is the lowest yet. Ctrl-C or SIGTERM ends the step, saves, and sets
-    `stopped_by`; a second one during the save waits for its end."""
+    `stopped_by`; a second one during the save waits for its end. Check, then touch: every input
+    is loaded and checked before the run folder is judged, locked or emptied (--force)."""
+    refuse_overlap({"--out": cfg.out}, {"--target": cfg.target, "--data": cfg.data,
+                                        "--init-from": cfg.init_from, "--tokenizer": cfg.tokenizer,
+                                        "--eval-prompts": cfg.eval_prompts})
+    inputs = load_inputs(cfg, place)
     with owned_run_folder(Path(cfg.out), cfg.resume, cfg.force, RUN_OUTPUTS, place.main):
-        run = start_run(cfg, place)
+        run = start_run(cfg, place, inputs)
         record, due = {}, None
         with Signals() as signals, tqdm(total=run.total_steps, initial=run.step, unit="step",
                                         disable=not place.main) as bar:

@@ -11,19 +11,43 @@ for data larger than a machine's memory."""
 from __future__ import annotations
 
 import hashlib
-import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Iterator, NamedTuple, Sequence
 
 import numpy as np
 import torch
 
-from dflash.checkpoint import parse_json, read_text
+from dflash.checkpoint import (SIDE_FILE_LIMIT, check_regular_file, parse_json, read_json,
+                               write_json_atomically)
 from dflash.cli import UsageError, check_token_ids
 from dflash.prompts import encode_for_generation, read_prompts
 from dflash.qwen3 import Qwen3
 from dflash.sampling import Sampling, keep_only, sample
+from dflash.tokenizer import TokenizerError
+from dflash.training import check_batch
+
+
+def refuse_overlap(outputs: dict[str, object], inputs: dict[str, object]) -> None:
+    """Refuse an output (option name: path, or None) that is, holds or lies inside an input or
+    another output: writing it would overwrite or delete what the program reads. Compared as the
+    operating system sees them (resolved: links and `..` followed), never as strings."""
+    named = {**inputs, **outputs}
+    for option, output in outputs.items():
+        if output is None:
+            continue
+        mine = Path(output).resolve()
+        for other, given in named.items():
+            if given is None or other == option:
+                continue
+            theirs = Path(given).resolve()
+            relation = "is" if mine == theirs else "holds" if theirs.is_relative_to(mine) \
+                else "lies inside" if mine.is_relative_to(theirs) else None
+            if relation:
+                raise UsageError(f"{option} {output} {relation} {other} {given}: an output must "
+                                 f"lie apart from the program's inputs and other outputs")
 
 
 def encode_prompts(path: Path, tokenizer, chat: bool | None, thinking: bool, token_healing: bool,
@@ -32,7 +56,14 @@ def encode_prompts(path: Path, tokenizer, chat: bool | None, thinking: bool, tok
     it."""
     prompts = []
     for prompt in read_prompts(path):
-        ids, choices = encode_for_generation(prompt, tokenizer, chat, thinking, token_healing)
+        roles = [message.get("role") for message in prompt.messages or ()]
+        if prompt.messages is not None and "user" not in roles:
+            raise UsageError(f"{prompt.where}: a chat record needs a user turn to answer (its "
+                             f"roles: {', '.join(map(str, roles))})")
+        try:
+            ids, choices = encode_for_generation(prompt, tokenizer, chat, thinking, token_healing)
+        except TokenizerError as err:  # said about the template: this names the record too
+            raise UsageError(f"{prompt.where}: {err}") from None
         check_token_ids([*ids, *(choices or [])], vocab_size, prompt.where)
         prompts.append((ids, choices))
     return prompts
@@ -96,6 +127,8 @@ class Sequences(NamedTuple):
     tokens_dropped: int  # what the cuts removed
     answer_tokens_dropped: int = 0  # of them, the answers' (labels the drafter never sees)
     dropped: int = 0  # sequences where no block can start (before or after the cut): left out
+    vocab_size: int | None = None  # what a batch's ids are checked against as it is read
+    source: str = ""  # the file or folder, for the message that says one is wrong
 
 
 CUTS = ("answer-end", "prompt-start")  # --cut: which end of a too-long sequence goes
@@ -136,7 +169,8 @@ def load_sequences(path: Path, max_seq_len: int, vocab_size: int,
                          for begin, end in ((whole_starts[i], starts[i]),
                                             (starts[i] + lengths[i], offsets[i + 1])))
     return Sequences(arrays["tokens"], arrays["loss_mask"], starts[kept], lengths[kept], sha256,
-                     len(too_long), int(excess.sum()), answer_dropped, int((~kept).sum()))
+                     len(too_long), int(excess.sum()), answer_dropped, int((~kept).sum()),
+                     vocab_size, str(path))
 
 
 def split_heldout(sequences: Sequences, count: int) -> tuple[Sequences, Sequences | None]:
@@ -177,7 +211,9 @@ def read_jsonl(path: Path, vocab_size: int) -> tuple[dict, str]:
 
 def checked_records(path: Path, vocab_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Each record of a JSONL data file, checked (`checked_record`), as (uint32 ids, uint8 mask):
-    one line in memory at a time. Every way reading fails is one error naming the file."""
+    one line in memory at a time. Every way reading fails is one error naming the file; what is
+    no regular file (a FIFO would wait for a writer forever) is refused before it is opened."""
+    check_regular_file(path, UsageError, "data file")
     try:
         with open(path, encoding="utf-8") as lines:
             for number, line in enumerate(lines, start=1):
@@ -198,77 +234,162 @@ def made_with_thinking(path: Path) -> bool:
     elsewhere): the chat template's default for an answer without a reasoning trace."""
     try:
         if Path(path).is_dir():
-            record = json.loads((Path(path) / MANIFEST).read_text())
+            record = read_json(Path(path) / MANIFEST, UsageError, MANIFEST, SIDE_FILE_LIMIT)
         else:
+            check_regular_file(path, UsageError, "data file")
             with open(path, encoding="utf-8") as file:
-                record = json.loads(file.readline() or "{}")
+                record = parse_json(file.readline() or "{}", path, UsageError)
     except (OSError, ValueError):  # unreadable here: load_sequences says why, in one line
         return False
     settings = record.get("settings") if isinstance(record, dict) else None
     return isinstance(settings, dict) and settings.get("thinking") is True
 
 
+def packed_folder_mark(folder: Path) -> None:
+    """Refuse to replace `folder` unless it is absent, empty or packed data (its manifest says
+    the format): --pack deletes what it replaces, and a user's folder is not ours to delete."""
+    folder = Path(folder)
+    if not folder.is_dir() or not any(folder.iterdir()):
+        return
+    try:
+        manifest = read_json(folder / MANIFEST, UsageError, MANIFEST, SIDE_FILE_LIMIT)
+    except UsageError:
+        manifest = None
+    if not isinstance(manifest, dict) or manifest.get("format") != PACKED_FORMAT:
+        raise UsageError(f"--pack {folder}: {holds(folder)}, not a packed folder of "
+                         f"make_data.py (no {MANIFEST} of format {PACKED_FORMAT}); it is "
+                         f"replaced only then: name another folder")
+
+
+def holds(folder: Path) -> str:
+    """What a folder holds, in a few words: "holds notes.txt and 3 more"."""
+    names = sorted(path.name for path in Path(folder).iterdir())
+    more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+    return f"holds {names[0]}{more}" if names else "is empty"
+
+
 def pack(jsonl: Path, folder: Path, vocab_size: int, identity: dict) -> int:
     """Write make_data.py's JSONL as a packed folder: a flat token file, the loss masks, where each
     sequence starts and where its first block can, and `manifest.json` (the format, the sizes, the
     content hash and `identity`: which target made it). One record in memory at a time; the folder
-    appears whole, under its name, only when it is complete. Returns the sequences written."""
-    partial = folder.with_name(folder.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
-    digest, offsets, anchors, largest = hashlib.sha256(), [0], [], -1
-    tokens_path, masks_path = partial / "tokens.bin", partial / "loss_mask.bin"
+    appears whole, under its name, only when it is complete (a full disk, a bad record or Ctrl-C
+    leave what was there). Only packed data is replaced (`packed_folder_mark`). Returns the
+    sequences written."""
+    folder = Path(folder)
+    packed_folder_mark(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    partial = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f"{folder.name}.", suffix=".partial"))
     try:
-        with open(tokens_path, "wb") as tokens, open(masks_path, "wb") as masks:
-            for ids, mask in checked_records(jsonl, vocab_size):
-                tokens.write(ids.tobytes())
-                masks.write(mask.tobytes())
-                digest.update(ids.tobytes() + mask.tobytes())
-                offsets.append(offsets[-1] + len(ids))
-                anchors.append(first_anchor(mask))
-                largest = max(largest, int(ids.max(initial=0)))
+        count = write_packed(jsonl, partial, vocab_size, identity)
+        os.chmod(partial, 0o755)  # mkdtemp makes owner-only folders; data is meant to be shared
+        aside = partial.with_suffix(".old")
+        if folder.exists():
+            os.replace(folder, aside)  # removed once the new one is in place
+        os.replace(partial, folder)
+        shutil.rmtree(aside, ignore_errors=True)
     except BaseException:  # a bad record, a full disk, Ctrl-C: no half folder is left
         shutil.rmtree(partial, ignore_errors=True)
         raise
+    return count
+
+
+def write_packed(jsonl: Path, partial: Path, vocab_size: int, identity: dict) -> int:
+    """`pack`'s files, written into the (new, empty) folder `partial`."""
+    digest, offsets, anchors, largest = hashlib.sha256(), [0], [], -1
+    with open(partial / "tokens.bin", "wb") as tokens, \
+            open(partial / "loss_mask.bin", "wb") as masks:
+        for ids, mask in checked_records(jsonl, vocab_size):
+            tokens.write(ids.tobytes())
+            masks.write(mask.tobytes())
+            digest.update(ids.tobytes() + mask.tobytes())
+            offsets.append(offsets[-1] + len(ids))
+            anchors.append(first_anchor(mask))
+            largest = max(largest, int(ids.max(initial=0)))
     np.asarray(offsets, dtype=np.int64).tofile(partial / "offsets.bin")
     np.asarray(anchors, dtype=np.int64).tofile(partial / "first_anchor.bin")
     manifest = {"format": PACKED_FORMAT, "sequences": len(anchors), "tokens": offsets[-1],
                 "largest_token_id": largest, "sha256": digest.hexdigest(), **identity}
-    (partial / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    shutil.rmtree(folder, ignore_errors=True)
-    partial.rename(folder)
+    write_json_atomically(partial / MANIFEST, manifest)
     return len(anchors)
 
 
 def open_packed(folder: Path, vocab_size: int, target_config: Path | None) -> tuple[dict, str]:
-    """A packed folder's arrays, memory-mapped (nothing is read until a batch slices them), and its
-    content hash, after checking its manifest against the files and the target."""
-    manifest = parse_json(read_text(folder / MANIFEST, UsageError, "packed data's manifest"),
-                          folder / MANIFEST, UsageError)
+    """A packed folder's arrays, memory-mapped, and its content hash, after checking its manifest
+    against the files and the target, and the files against the manifest (`check_packed`)."""
+    manifest = read_json(folder / MANIFEST, UsageError, "packed data's manifest", SIDE_FILE_LIMIT)
     if not isinstance(manifest, dict) or manifest.get("format") != PACKED_FORMAT:
         raise UsageError(f"{folder}: not a packed data folder of make_data.py ({MANIFEST} "
                          f"has no format {PACKED_FORMAT!r})")
-    if not isinstance(manifest.get("largest_token_id"), int) or \
-            manifest["largest_token_id"] >= vocab_size:
-        raise UsageError(f"{folder}: holds token id {manifest.get('largest_token_id')}, outside "
-                         f"the target's vocabulary (0..{vocab_size - 1})")
+    largest = manifest.get("largest_token_id")
+    if type(largest) is not int or largest >= vocab_size:
+        raise UsageError(f"{folder}: holds token id {largest}, outside the target's vocabulary "
+                         f"(0..{vocab_size - 1})")
     made_for = manifest.get("target_config_sha256")
     if None not in (target_config, made_for) and made_for != content_hash(target_config):
         raise UsageError(f"{folder}: made by another target (its config.json differs from "
                          f"{target_config}): a drafter learns the answers of the target it serves")
-    sizes = {"tokens": manifest.get("tokens"), "loss_mask": manifest.get("tokens"),
-             "first_anchor": manifest.get("sequences")}
-    sizes["offsets"] = None if sizes["first_anchor"] is None else sizes["first_anchor"] + 1
+    counts = {name: manifest.get(name) for name in ("tokens", "sequences")}
+    for name, count in counts.items():
+        if type(count) is not int or count < 0:
+            raise UsageError(f"{folder / MANIFEST}: {name} must be an integer >= 0, got {count!r}")
+    sizes = {"tokens": counts["tokens"], "loss_mask": counts["tokens"],
+             "offsets": counts["sequences"] + 1, "first_anchor": counts["sequences"]}
     arrays = {}
     for name, dtype in PACKED.items():
         path = folder / f"{name}.bin"
-        expected = sizes[name] * np.dtype(dtype).itemsize if isinstance(sizes[name], int) else -1
+        expected = sizes[name] * np.dtype(dtype).itemsize
         if not path.is_file() or path.stat().st_size != expected:
             raise UsageError(f"{path}: missing, or not the {sizes[name]} entries {MANIFEST} says "
                              f"(a copy cut short?)")
         arrays[name] = np.memmap(path, dtype=dtype, mode="r") if expected \
             else np.zeros(0, dtype=dtype)
-    return arrays, manifest["sha256"]
+    return arrays, check_packed(folder, arrays, manifest.get("sha256"), vocab_size)
+
+
+def check_packed(folder: Path, arrays: dict, sha256, vocab_size: int) -> str:
+    """The packed arrays' content hash, after one pass checking that they say what make_data.py
+    wrote: offsets rising from 0 to the token count, each sequence's first anchor where its
+    answer's first two tokens in a row are, ids in the vocabulary, a mask of 0s and 1s, and the
+    hash the manifest records (if any). Streams the files once, some million tokens at a time."""
+    tokens, mask, offsets, anchors = (arrays[name] for name in PACKED)
+    if offsets[0] != 0 or offsets[-1] != len(tokens) or np.any(np.diff(offsets) < 0):
+        raise UsageError(f"{folder}: offsets.bin does not rise from 0 to the {len(tokens)} tokens "
+                         f"(entries out of order or past the end)")
+    digest, first = hashlib.sha256(), 0
+    while first < len(anchors):  # sequences first..last-1: at least one, about CHUNK tokens
+        last = max(first + 1, int(np.searchsorted(offsets, offsets[first] + CHUNK, "right")) - 1)
+        bounds = np.asarray(offsets[first:last + 1]) - offsets[first]  # (k + 1,): in the chunk
+        ids = np.asarray(tokens[offsets[first]:offsets[last]])
+        answer = np.asarray(mask[offsets[first]:offsets[last]])
+        check_batch(ids, answer, vocab_size, f"{folder}: sequences {first}..{last - 1}")
+        found = first_anchors(answer, bounds)  # (k,)
+        wrong = np.flatnonzero(found != np.asarray(anchors[first:last]))
+        if len(wrong):
+            index = first + int(wrong[0])
+            raise UsageError(f"{folder}: sequence {index}: first_anchor.bin says "
+                             f"{anchors[index]}, its loss mask {found[wrong[0]]}")
+        for begin, end in zip(bounds[:-1].tolist(), bounds[1:].tolist()):  # as the JSONL hashes
+            digest.update(ids[begin:end])
+            digest.update(answer[begin:end])
+        first = last
+    if sha256 is not None and sha256 != digest.hexdigest():
+        raise UsageError(f"{folder}: the data's sha256 is not the {MANIFEST}'s (changed since "
+                         f"make_data.py packed it?)")
+    return digest.hexdigest()
+
+
+CHUNK = 1 << 24  # tokens `check_packed` reads at a time: 80 MiB of ids and masks
+
+
+def first_anchors(mask: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """`first_anchor` of each sequence of a flat 0/1 mask, sequence i at bounds[i]..bounds[i+1]:
+    (k,), -1 where none; vectorised, the same positions one call per sequence would give."""
+    pairs = np.flatnonzero(mask[:-1] & mask[1:])  # a such that a and a + 1 are in an answer
+    starts, ends = bounds[:-1], bounds[1:]
+    after = np.searchsorted(pairs, starts)  # each sequence's first pair at or after its start
+    found = pairs[np.minimum(after, len(pairs) - 1)] if len(pairs) else np.zeros_like(starts)
+    inside = (after < len(pairs)) & (found + 1 < ends)
+    return np.where(inside, found - starts, -1)
 
 
 def cut_note(sequences: Sequences, limit: int, max_seq_len: int, cut: str) -> str:

@@ -10,13 +10,12 @@ next start, and every folder under its own name is whole."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
 from pathlib import Path
 
-from dflash.checkpoint import sync_to_disk, write_json_atomically
+from dflash.checkpoint import is_number, read_side_file, sync_to_disk, write_json_atomically
 
 CHECKPOINTS, BEST = "checkpoints", "best"  # in a run's folder
 BEST_RECORD = "best.json"  # in best/: {"step": ..., "heldout_loss": ...}
@@ -51,9 +50,12 @@ def keep_last(out: Path, step: int, keep: int, names: tuple[str, ...]) -> None:
 
 
 def best_loss(out: Path) -> float | None:
-    """The held-out loss of the checkpoint kept in `best/`, or None where there is none."""
-    record = Path(out) / BEST / BEST_RECORD
-    return json.loads(record.read_text())["heldout_loss"] if record.is_file() else None
+    """The held-out loss of the checkpoint kept in `best/`, or None where there is none, or its
+    record is not one (said in a note): the next evaluation's checkpoint then takes its place."""
+    record = read_side_file(Path(out) / BEST / BEST_RECORD, "best checkpoint's record",
+                            lambda value: None if isinstance(value, dict) and is_number(
+                                value.get("heldout_loss")) else "no finite 'heldout_loss'")
+    return None if record is None else record["heldout_loss"]
 
 
 def keep_best(out: Path, step: int, loss: float, names: tuple[str, ...]) -> None:

@@ -125,6 +125,8 @@ def build_drafter_config(cfg: TrainConfig, target: Qwen3Config, tokenizer) -> Dr
                      num_attention_heads=cfg.num_heads or target.num_attention_heads,
                      num_key_value_heads=cfg.num_kv_heads or target.num_key_value_heads,
                      head_dim=cfg.head_dim or target.head_dim)  # the rest is the target's
+    if layers.head_dim % 2:  # what --head-dim refuses, for a TrainConfig built in Python
+        raise UsageError(f"--head-dim {layers.head_dim}: must be even (RoPE turns pairs)")
     if layers.num_attention_heads % layers.num_key_value_heads:
         raise UsageError(f"--num-heads {layers.num_attention_heads} is not a multiple of "
                          f"--num-kv-heads {layers.num_key_value_heads}")
@@ -168,6 +170,10 @@ def starting_drafter(cfg: TrainConfig, target: Qwen3, tokenizer) -> Drafter:
     if not cfg.init_from:
         return init_weights(Drafter(build_drafter_config(cfg, target.config, tokenizer)), cfg.seed)
     drafter = Drafter.from_pretrained(cfg.init_from, target, trainable=True)  # fits the target
+    for name, weight in drafter.named_parameters():  # else the first step fails, far from here
+        if not torch.isfinite(weight).all():
+            raise UsageError(f"--init-from {cfg.init_from}: the weight {name} holds NaN or "
+                             f"infinite values (a diverged or damaged drafter)")
     for option, theirs in shape_of(drafter.config).items():
         ours = getattr(cfg, option)
         if ours is not None and ours != theirs:
@@ -238,7 +244,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--intermediate-size", type=positive_int, help="drafter MLP width (default: the target's)")
     add("--num-heads", type=positive_int, help="drafter query heads (default: the target's)")
     add("--num-kv-heads", type=positive_int, help="drafter key/value heads (default: the target's)")
-    add("--head-dim", type=positive_int, help="drafter head width (default: the target's)")
+    add("--head-dim", type=checked(int, "even and at least 2 (RoPE turns pairs of dimensions)",
+                                   lambda x: x >= 2 and x % 2 == 0),
+        help="drafter head width (default: the target's)")
     add("--num-anchors", type=positive_int,
         help="blocks per sequence per step, at most one per anchor")
     add("--batch-size", type=positive_int, help="sequences per forward pass and per process")
@@ -295,8 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     either.add_argument("--auto-resume", action="store_true", help="resume if --out holds a "
                         "checkpoint, else start (over what a run left before its first save): "
                         "one command for the first start and every restart")
-    either.add_argument("--force", action="store_true",
-                        help="start over even though --out is not empty")
+    either.add_argument("--force", action="store_true", help="start over even though --out is "
+                        "not empty, removing the old run's files: only in a run folder of "
+                        "train.py (with training_state.pt or train.lock, or only its files)")
     add("--fsdp", action="store_true",
         help="under torchrun: shard the drafter (FSDP2) instead of replicating it")
     add_device_options(parser)  # --dtype is the frozen target's: the drafter trains in float32

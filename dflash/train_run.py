@@ -12,14 +12,14 @@ import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from torch import nn
 
 from dflash.cli import pick_dtype
 from dflash.data import Sequences, cut_note, load_sequences, made_with_thinking, split_heldout
-from dflash.drafter import DrafterConfig
+from dflash.drafter import Drafter, DrafterConfig
 from dflash.evaluation import held_out
 from dflash.qwen3 import Qwen3
 from dflash.tokenizer import find_tokenizer, stop_token_ids
@@ -59,11 +59,20 @@ class Run:
         return self.elapsed_before + time.perf_counter() - self.began
 
 
-def start_run(cfg: TrainConfig, place: Distributed,
-              loss_weights: Callable[[int], torch.Tensor]) -> Run:
-    """Load and check the target, the drafter, the data and the held-out prompts before anything
-    trains; build the optimizer and its schedule; with --resume, continue the saved run exactly.
-    `loss_weights(block_size)`: the slots' weights in the loss (B,), the recipe's (train.py)."""
+class Inputs(NamedTuple):
+    """What a run reads, loaded and checked (`load_inputs`) before its folder is touched."""
+    target: Qwen3
+    tokenizer: object
+    drafter: Drafter  # new, or --init-from's
+    sequences: Sequences
+    heldout: Sequences | None
+    continuations: list  # --eval-prompts' (evaluation.py)
+
+
+def load_inputs(cfg: TrainConfig, place: Distributed) -> Inputs:
+    """Load and check the target, the tokenizer, the drafter, the data and the held-out prompts:
+    all a run reads but its own folder. Nothing is written, so a run refused here (a bad data
+    file, a drafter that does not fit) leaves --out as it was, --force or not."""
     device = place.device
     dtype = pick_dtype(cfg.dtype, device, Path(cfg.target))
     target = Qwen3.from_pretrained(cfg.target, device=device, dtype=dtype)
@@ -77,6 +86,24 @@ def start_run(cfg: TrainConfig, place: Distributed,
         print(cut_note(sequences, limit, cfg.max_seq_len, cfg.cut), file=sys.stderr)
     sequences, heldout = split_heldout(sequences, cfg.heldout)
     check_sizes(cfg, drafter.config, target.config, sequences, device)
+    continuations = []
+    if cfg.eval_prompts:  # checked before the first step: an evaluation never fails late
+        stops = stop_token_ids(Path(cfg.tokenizer or cfg.target), tokenizer)
+        continuations = held_out(Path(cfg.eval_prompts), target, drafter, tokenizer,
+                                 stop_ids=stops, max_new_tokens=cfg.eval_max_new_tokens,
+                                 token_healing=not cfg.no_token_healing, place=place,
+                                 thinking=made_with_thinking(Path(cfg.data)))
+    return Inputs(target, tokenizer, drafter, sequences, heldout, continuations)
+
+
+def start_run(cfg: TrainConfig, place: Distributed,
+              loss_weights: Callable[[int], torch.Tensor], inputs: Inputs | None = None) -> Run:
+    """The run, from its `inputs` (default: `load_inputs`): the drafter wrapped for training, the
+    optimizer and its schedule; with --resume, the saved run continued exactly (its folder must
+    then be the run's own: `training.owned_run_folder`). `loss_weights(block_size)`: the slots'
+    weights in the loss (B,), the recipe's (train.py)."""
+    device = place.device
+    target, _, drafter, sequences, heldout, continuations = inputs or load_inputs(cfg, place)
     drafter.recompute_layers = not cfg.keep_activations
     model = wrap_for_training(drafter.to(device).train(), place, cfg.fsdp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
@@ -91,16 +118,10 @@ def start_run(cfg: TrainConfig, place: Distributed,
              "global_batch": global_batch, "save_dtype": save_dtype(cfg, target.head_weight.dtype)}
     run = Run(cfg, place, target, model, drafter.config, optimizer, scheduler, sequences, weights,
               saved, global_batch, total_steps, min(total_steps, cfg.stop_at or total_steps),
-              LogTally.zeros(block_size, device), heldout=heldout)
+              LogTally.zeros(block_size, device), continuations=continuations, heldout=heldout)
     if cfg.resume:
         run.step, run.elapsed_before = resume(Path(cfg.out), saved, model, optimizer, scheduler,
                                               place, may_change=MAY_CHANGE_ON_RESUME)
         run.saved_step = run.step
-    if cfg.eval_prompts:  # checked before the first step: an evaluation never fails late
-        stops = stop_token_ids(Path(cfg.tokenizer or cfg.target), tokenizer)
-        run.continuations = held_out(Path(cfg.eval_prompts), target, drafter, tokenizer,
-                                     stop_ids=stops, max_new_tokens=cfg.eval_max_new_tokens,
-                                     token_healing=not cfg.no_token_healing, place=place,
-                                     thinking=made_with_thinking(Path(cfg.data)))
     run.began = run.last_save = time.perf_counter()
     return run

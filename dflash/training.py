@@ -23,7 +23,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dflash.checkpoint import parse_json, read_text, remove_partial_writes, save_tensors, write_atomically
+from dflash.checkpoint import (SIDE_FILE_LIMIT, check_regular_file, read_jsonl, read_text,
+                               remove_partial_writes, save_tensors, write_atomically)
 from dflash.cli import UsageError, check_output, pick_device
 from dflash.kept_checkpoints import (BEST, CHECKPOINTS, best_loss, keep_best, keep_last,
                                      remove_unfinished, training_states)
@@ -76,6 +77,16 @@ def distributed_run(device_name: str) -> Iterator[Distributed]:
         dist.barrier()
     finally:
         dist.destroy_process_group()
+
+
+def check_batch(ids: np.ndarray, mask: np.ndarray, vocab_size: int, where: str) -> None:
+    """Refuse token ids past the vocabulary and mask values other than 0 and 1 (one max each):
+    the embedding would fail on the one, RoPE on the other, far from the file that is wrong."""
+    if len(ids) and int(ids.max()) >= vocab_size:
+        raise UsageError(f"{where}: token id {int(ids.max())} is outside the target's vocabulary "
+                         f"(0..{vocab_size - 1})")
+    if len(mask) and int(mask.max()) > 1:
+        raise UsageError(f"{where}: loss mask value {int(mask.max())}, not 0 or 1")
 
 
 def steps_per_epoch(num_items: int, global_batch: int) -> int:
@@ -297,14 +308,16 @@ def owned_run_folder(out: Path, resume: bool, force: bool, outputs: tuple[str, .
                      main: bool = True) -> Iterator[None]:
     """`prepare_run_folder`, then, within the block, the run owns `out`: the main process holds
     its lock file, taken before anything in the folder is judged or removed and released on exit
-    (a crashed run's is noticed by its process id), so a second run into it is refused."""
+    (a crashed run's is noticed by its process id), so a second run into it is refused. Enter it
+    only once every input is loaded and checked: --force removes the old run's files here."""
     if not main:
         yield
         return
     check_output(out, "--out", folder=True)
+    found_lock = (out / LOCK_FILE).exists()  # a run of train.py was here: the folder is a run's
     locked = out.is_dir() and take_lock(out / LOCK_FILE)
     try:
-        prepare_run_folder(out, resume, force, outputs)
+        prepare_run_folder(out, resume, force, outputs, found_lock)
         locked = locked or take_lock(out / LOCK_FILE)  # a new folder: made just now
         yield
     finally:
@@ -312,10 +325,12 @@ def owned_run_folder(out: Path, resume: bool, force: bool, outputs: tuple[str, .
             (out / LOCK_FILE).unlink(missing_ok=True)
 
 
-def prepare_run_folder(out: Path, resume: bool, force: bool, outputs: tuple[str, ...]) -> None:
+def prepare_run_folder(out: Path, resume: bool, force: bool, outputs: tuple[str, ...],
+                       found_lock: bool = False) -> None:
     """Refuse to mix a new run into an old one by accident, or to resume what is not there; with
-    --force, remove the old run's `outputs`. What a kill during a save left of them
-    (`write_atomically`'s temporary files, a kept checkpoint's `.partial` folder) goes."""
+    --force, remove the old run's `outputs`, from a run folder only (`check_run_folder`). What a
+    kill during a save left of them (`write_atomically`'s temporary files, a kept checkpoint's
+    `.partial` folder) goes."""
     check_output(out, "--out", folder=True)
     if resume and not out.is_dir():
         raise UsageError(f"{out}: nothing to resume (no such folder)")
@@ -323,23 +338,43 @@ def prepare_run_folder(out: Path, resume: bool, force: bool, outputs: tuple[str,
     if in_use and not (resume or force):
         raise UsageError(f"{out}: exists and is not empty (use --resume to continue or --force to "
                          f"overwrite)")
-    if force and not resume:
+    if in_use and force and not resume:
+        check_run_folder(out, outputs, found_lock)
         for name in outputs:
             shutil.rmtree(out / name) if (out / name).is_dir() else (out / name).unlink(missing_ok=True)
+    check_regular_file(out / LOG_FILE, UsageError, "training log")  # appended to: a FIFO hangs
     out.mkdir(parents=True, exist_ok=True)
     remove_partial_writes(out, outputs)
     remove_unfinished(out)
 
 
+def check_run_folder(out: Path, outputs: tuple[str, ...], found_lock: bool) -> None:
+    """Refuse to empty a folder that does not carry train.py's mark: a lock or a training state,
+    or nothing but what train.py writes. --force pointed at a checkpoint or a user's folder by
+    mistake would otherwise delete its weights."""
+    if found_lock or (out / STATE_FILE).is_file():
+        return
+    ours = {*outputs, LOCK_FILE, f"{BEST}.partial", f"{BEST}.old"}
+    foreign = sorted(path.name for path in out.iterdir() if not (
+        path.name in ours or path.suffix == ".tmp" and path.name.startswith(outputs)))
+    if foreign:
+        more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+        raise UsageError(f"{out}: holds {foreign[0]}{more}, not a run folder of train.py (no "
+                         f"{STATE_FILE} or {LOCK_FILE}): --force empties only a run folder; name "
+                         f"another --out")
+
+
 def take_lock(lock: Path) -> bool:
     """Create `lock` holding "host pid" (True), or refuse in one line if a live run holds it. A
-    lock whose process is gone on this host is a crashed run's: it is replaced."""
+    lock whose process is gone on this host is a crashed run's (as is an empty one: a crash
+    between its creation and its line): it is replaced. One that says something else is not
+    guessed at."""
     for _ in range(2):
         try:
             handle = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
-            host, _, pid = lock.read_text().strip().partition(" ")
-            if host != socket.gethostname() or process_alive(int(pid) if pid.isdigit() else 0):
+            host, pid = lock_holder(lock)
+            if host is not None and (host != socket.gethostname() or process_alive(pid)):
                 raise UsageError(f"{lock.parent}: another run is training in it (process {pid} "
                                  f"on {host}, {lock.name}); wait for it, or use another --out") \
                     from None
@@ -349,6 +384,19 @@ def take_lock(lock: Path) -> bool:
             file.write(f"{socket.gethostname()} {os.getpid()}\n")
         return True
     raise UsageError(f"{lock}: could not take the lock (another run is starting?)")
+
+
+def lock_holder(lock: Path) -> tuple[str | None, int]:
+    """(host, process id) a lock file names, or (None, 0) for an empty one; anything else (not a
+    regular file, not UTF-8, not "host pid") is refused in one line."""
+    text = read_text(lock, UsageError, "lock file", limit=SIDE_FILE_LIMIT).strip()
+    host, _, pid = text.partition(" ")
+    if not text:
+        return None, 0
+    if not (host and pid.isdigit() and pid.isascii()):
+        raise UsageError(f"{lock}: not a lock of train.py (expected \"host pid\", got "
+                         f"{text[:40]!r}); remove it if no run trains in {lock.parent}")
+    return host, int(pid)
 
 
 def process_alive(pid: int) -> bool:
@@ -402,20 +450,20 @@ def refuse_changes(saved: dict, now: dict, what: str, may_change: tuple[str, ...
 
 def forget_log_after(log: Path, step: int) -> None:
     """Drop a JSONL log's lines of steps after the checkpoint a resume starts from: they are about to be redone.
-    A last line without its newline is what a kill during an append leaves: it goes too."""
-    if log.is_file():
-        text = read_text(log, UsageError, "training log")
-        lines = text[: text.rfind("\n") + 1].splitlines()  # whole lines only
-        kept = [line for number, line in enumerate(lines, start=1)
-                if line and logged_step(parse_json(line, f"{log}:{number}", UsageError), f"{log}:{number}") <= step]
+    A last line without its newline is what a kill during an append leaves: it goes too. Read as a side file
+    (a regular file of bounded size, UTF-8); a line that is not the log's is refused, naming it."""
+    if log.exists():
+        records = read_jsonl(log, "training log", UsageError, whole_lines_only=True, limit=SIDE_FILE_LIMIT)
+        kept = [json.dumps(record) for where, record in records if logged_step(record, where) <= step]
         write_atomically(log, lambda tmp: Path(tmp).write_text("".join(line + "\n" for line in kept)))
 
 
 def logged_step(record, where: str) -> int:
     """The step a training log record is about."""
-    if not isinstance(record, dict) or not isinstance(record.get("step"), int):
+    step = record.get("step") if isinstance(record, dict) else None
+    if type(step) is not int:  # a `true` is no step
         raise UsageError(f"{where}: no integer 'step' (not a line of train.py's log)")
-    return record["step"]
+    return step
 
 
 class Signals:
@@ -572,8 +620,12 @@ class LogTally:
 
 def write_log(log_path: Path, record: dict, bar, tokens_per_second: float) -> None:
     """Append the record to the JSONL log and show its main figures on the progress bar."""
-    with open(log_path, "a") as log:
-        log.write(json.dumps(record) + "\n")
+    try:
+        with open(log_path, "a") as log:
+            log.write(json.dumps(record) + "\n")
+    except FileNotFoundError:
+        raise UsageError(f"{log_path.parent}: the run folder is gone (moved or deleted while the "
+                         f"run trained in it); its last checkpoint is wherever it went") from None
     accuracy = record["slot_accuracy"]
     shown = {"loss": f"{record['loss']:.3f}", "acc1": f"{accuracy[0]:.2f}",
              "acc_mean": f"{sum(accuracy) / len(accuracy):.2f}", "tau~": f"{record['tau_estimate']:.2f}",

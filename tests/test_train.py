@@ -379,7 +379,7 @@ def test_done_indices_is_pure(tmp_path):
     out.write_text(text)
     assert make_data.done_indices(out) == {0, 3}
     assert out.read_text() == text
-    make_data.open_for_append(out).close()
+    make_data.cut_torn_line(out)
     assert out.read_text() == text[: text.rfind("\n") + 1]
     assert make_data.done_indices(tmp_path / "missing.jsonl") == set()
 
