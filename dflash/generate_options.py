@@ -121,7 +121,7 @@ def check_options(args) -> Prompt:
         raise UsageError("--flex-attention reads the caches in compiled passes only, which "
                          "--no-compile turns off: give one of them")
     check_prompt_options(args, ids_given=args.prompt_ids is not None)
-    if not args.sample_from_config:  # else once the file is read: `check_sampling`
+    if not args.sample_from_config:  # else once the file is read (generate.run)
         check_filters(args, Sampling(args.temperature or 0.0))
     return (Prompt("--prompt", text=args.prompt) if args.prompt_ids is None
             else Prompt("--prompt-ids", ids=args.prompt_ids))
