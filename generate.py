@@ -25,7 +25,9 @@ from dflash.cli import UsageError, pick_device, pick_dtype, run_cli
 from dflash.compiled import compiled_copy, keys_bucket
 from dflash.drafter import Drafter, cached_block_mask
 from dflash.flex_reads import filled_blocks
-from dflash.generate_options import WEIGHTS, build_parser, check_options  # noqa: F401 (the CLI's)
+from dflash.checkpoint import checkpoint_folder
+from dflash.generate_options import (WEIGHTS, build_parser, check_compile,  # noqa: F401 (CLI's)
+                                     check_filters, check_options)
 from dflash.prompts import check_no_mask_token, check_request, encode_for_generation
 from dflash.qwen3 import KVCache, Qwen3, argmax, causal_mask, masked, tree_mask_over_cache
 from dflash.results import Generation, OnToken, synchronize
@@ -440,15 +442,19 @@ def generate_dflash_tree(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[i
 
 def run(args) -> int:
     prompt = check_options(args)
+    checkpoint_folder(args.model, "model", UsageError)  # before its tokenizer is looked for
+    if not args.no_draft:
+        checkpoint_folder(args.draft, "drafter", UsageError)
     device = pick_device(args.device)
+    compile = check_compile(args, device)
     dtype = pick_dtype(args.dtype, device, args.model)
     sampling, tokenizer = sampling_of(args, args.model), find_tokenizer(args.model)
+    check_filters(args, sampling)
     prompt_ids, choices = encode_for_generation(prompt, tokenizer, args.chat, args.thinking,
                                                 args.token_healing)
     target = Qwen3.from_pretrained(args.model, device=device, dtype=dtype)
     drafter = None if args.no_draft else Drafter.from_pretrained(args.draft, target=target,
                                                                  device=device, dtype=dtype)
-    compile = device.type == "cuda" if args.compile is None else args.compile
     stops = stop_token_ids(args.model, tokenizer)
     block_size = args.block_size or default_block_size(drafter)
     if block_size == "auto":  # from this machine's pass costs and the drafter's acceptance

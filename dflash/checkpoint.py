@@ -122,7 +122,14 @@ def is_integer(value) -> bool:
 
 
 def is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite JSON number; an integer too large for a float (400 digits) is none: it would
+    overflow the first time it met a float."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 # What a field must be: (the rule as an error message says it, the test). Shared by the config checkers.
@@ -192,6 +199,10 @@ def qwen3_fields(raw: dict, source: str, names: list[str]) -> dict:
         if not values["head_dim"]:
             raise CheckpointError(f"{source}: hidden_size={raw['hidden_size']} is smaller than num_attention_heads="
                                   f"{raw['num_attention_heads']} (and no head_dim is given)")
+    if values["head_dim"] % 2:  # RoPE turns a head's dimensions in pairs
+        implicit = "" if "head_dim" in raw else " (hidden_size / num_attention_heads)"
+        raise CheckpointError(f"{source}: head_dim{implicit} must be even (RoPE rotates pairs of "
+                              f"dimensions), got {values['head_dim']}")
     if values["num_attention_heads"] % values["num_key_value_heads"]:
         raise CheckpointError(f"{source}: num_attention_heads={values['num_attention_heads']} is not a multiple "
                               f"of num_key_value_heads={values['num_key_value_heads']}")
@@ -204,6 +215,31 @@ DRAFTER_FIELD_RULES = {
     "dflash_config.target_layer_ids": (
         "a non-empty list of layer indices (integers in 0..2**31 - 1)",
         lambda ids: isinstance(ids, list) and bool(ids) and all(TOKEN_ID[1](i) for i in ids))}
+
+
+def checkpoint_kind(raw) -> str | None:
+    """"drafter" for a DFlash drafter's `config.json` (its DFlash fields, or its architecture's
+    name), "target" for a plain Qwen3 model's; None when it says neither. Asked first, so a
+    checkpoint given in the other's place is named for what it is, not for a field it lacks."""
+    if not isinstance(raw, dict):
+        return None
+    architectures = raw.get("architectures")
+    names = architectures if isinstance(architectures, list) else []
+    if "dflash_config" in raw or "num_target_layers" in raw or "DFlashDraftModel" in names:
+        return "drafter"
+    if "Qwen3ForCausalLM" in names:
+        return "target"
+    return None
+
+
+KINDS = {"target": "a target (Qwen3) checkpoint", "drafter": "a DFlash drafter checkpoint"}
+
+
+def check_kind(raw, wanted: str, folder: Path) -> None:
+    """Refuse a drafter's folder where a target's goes, or the reverse, in one line saying so."""
+    found = checkpoint_kind(raw)
+    if found is not None and found != wanted:
+        raise CheckpointError(f"{folder}: this is {KINDS[found]}, not {KINDS[wanted]}")
 
 
 def drafter_fields(raw: dict, source: str) -> dict:
@@ -246,10 +282,7 @@ def checkpoint_files(folder: Path) -> dict[str, Path]:
     """Which safetensors file holds each tensor: the shard index's, else the single file's (pickles are never read)."""
     index, single = folder / "model.safetensors.index.json", folder / "model.safetensors"
     if index.exists():
-        weight_map = read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise CheckpointError(f"{index}: no 'weight_map' object")
-        files = {name: folder / file for name, file in weight_map.items()}
+        files = {name: folder / file for name, file in shard_map(index).items()}
         for file in sorted(set(files.values())):
             if not file.exists():
                 raise CheckpointError(f"{file}: shard listed in the index is missing")
@@ -258,6 +291,34 @@ def checkpoint_files(folder: Path) -> dict[str, Path]:
         with open_safetensors(single) as handle:
             return {name: single for name in handle.keys()}
     raise CheckpointError(f"{folder}: no model.safetensors and no model.safetensors.index.json")
+
+
+def shard_map(index: Path) -> dict[str, str]:
+    """A shard index's `weight_map`, read as a side file (capped in size) and checked: tensor
+    names to file names in the checkpoint's own folder ("../x.safetensors" would read another's)."""
+    raw = read_json(index, what="shard index", limit=SIDE_FILE_LIMIT)
+    weight_map = raw.get("weight_map") if isinstance(raw, dict) else None
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(f"{index}: no 'weight_map' object")
+    for name, file in weight_map.items():
+        if not isinstance(file, str) or Path(file).name != file or file in ("", ".", ".."):
+            raise CheckpointError(f"{index}: weight_map[{json.dumps(name)}] must be a file name in "
+                                  f"the checkpoint's folder, got {json.dumps(file)}")
+    return weight_map
+
+
+def check_tied_copy(folder: Path, copy: str, source: str) -> None:
+    """With `tie_word_embeddings`, the official loaders (transformers' `tie_weights`, vLLM)
+    use the embedding as the LM head and never read a stored `lm_head.weight`; one that differs
+    from the embedding says the config and the weights disagree: refused, not silently dropped."""
+    files = checkpoint_files(folder)
+    if copy not in files or source not in files:
+        return
+    with open_safetensors(files[copy]) as copies, open_safetensors(files[source]) as sources:
+        stored, used = copies.get_tensor(copy), sources.get_tensor(source)
+        if stored.shape != used.shape or not torch.equal(stored.to(used.dtype), used):
+            raise CheckpointError(f"{folder / 'config.json'}: tie_word_embeddings is true, but the "
+                                  f"stored {copy} differs from {source} (which a tied model uses)")
 
 
 def open_safetensors(file: Path):
@@ -292,17 +353,35 @@ def load_into(model: nn.Module, folder: Path, name_map: dict[str, str], device, 
                     raise CheckpointError(f"{file}: tensor {name!r} is stored as {kind}, not as floating point")
                 owner, _, leaf = name_map[name].rpartition(".")  # the meta parameter is replaced, not copied into
                 tensor = handle.get_tensor(name).to(device=device, dtype=dtype)
+                check_finite(tensor, name, file, handle)
                 model.get_submodule(owner)._parameters[leaf] = nn.Parameter(tensor, requires_grad=trainable)
+
+
+def check_finite(tensor: torch.Tensor, name: str, file: Path, handle) -> None:
+    """Refuse a tensor holding NaN or Inf as it loads: one such weight turns every logit NaN, and
+    the argmax of NaNs is a token all the same, so the run would end in garbage or an empty answer
+    with exit status 0. A sum is finite only when every term is (NaN and Inf spread through it) and
+    costs a fraction of `isfinite`, which writes a mask as large as the tensor (on a CPU, 0.6 ns a
+    weight against 10); only a sum that is not finite, or overflowed, asks `isfinite` to be sure."""
+    wide = torch.float64 if tensor.dtype == torch.float64 else torch.float32  # float16 sums overflow
+    if torch.isfinite(tensor.sum(dtype=wide)) or torch.isfinite(tensor).all():
+        return
+    cast = " once cast to " + str(tensor.dtype).removeprefix("torch.")
+    stored_finite = bool(torch.isfinite(handle.get_tensor(name)).all())  # only on the way out
+    raise CheckpointError(f"{file}: tensor {name!r} holds NaN or Inf values"
+                          f"{cast if stored_finite else ''}")
 
 
 FLOAT_DTYPES = frozenset({"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"})  # safetensors' names
 
 
-def checkpoint_folder(path, what: str) -> Path:
-    """`path` as a Path, refused in one line when it is not a folder."""
+def checkpoint_folder(path, what: str, error: type[Exception] = CheckpointError) -> Path:
+    """`path` as a Path, refused in one line when it is not a folder: missing, or a file."""
     path = Path(path)
+    if not path.exists():
+        raise error(f"{path}: no such {what} folder")
     if not path.is_dir():
-        raise CheckpointError(f"{path}: not a {what} folder")
+        raise error(f"{path}: is a file, not a {what} folder")
     return path
 
 

@@ -4,7 +4,6 @@ with one `error: ...` line and exit status 2; anything else is a bug and keeps i
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import signal
@@ -14,7 +13,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from dflash.checkpoint import CheckpointError, read_jsonl
+from dflash.checkpoint import CheckpointError, read_json, read_jsonl
 from dflash.tokenizer import TokenizerError
 
 
@@ -141,9 +140,9 @@ def pick_dtype(name: str, device: torch.device, checkpoint: Path | None = None) 
 def stored_in_bfloat16(checkpoint: Path | None) -> bool:
     """Whether a checkpoint folder's config.json says its weights are bfloat16 (`dtype`, or the
     older `torch_dtype`); a config that cannot be read says nothing (its loader will say why)."""
-    try:
-        config = json.loads((Path(checkpoint) / "config.json").read_text())
-    except (OSError, ValueError, TypeError):
+    try:  # through the checked reader: a FIFO as config.json would wait here for ever
+        config = read_json(Path(checkpoint) / "config.json")
+    except (CheckpointError, TypeError):
         return False
     return isinstance(config, dict) and "bfloat16" in (config.get("dtype"), config.get("torch_dtype"))
 
@@ -203,6 +202,26 @@ def check_output(path: Path, option: str, folder: bool = False) -> None:
         raise UsageError(f"{option} {path}: {existing} is a file, not a folder")
     if not os.access(existing, os.W_OK):
         raise UsageError(f"{option} {path}: cannot write in {existing}")
+
+
+def check_not_an_input(path: Path, option: str, inputs: dict[str, Path]) -> None:
+    """Refuse, before any work, an output that is one of the program's inputs, holds one, or lies
+    inside one (a prompts file, a checkpoint folder): writing it would destroy what the run reads.
+    `inputs` maps each input's option ("--prompts") to its path; paths compare resolved, so a link
+    or a `..` does not hide the overlap."""
+    output = Path(path).resolve()
+    for name, given in inputs.items():
+        if given is None:
+            continue
+        source = Path(given).resolve()
+        if output == source:
+            raise UsageError(f"{option} {path} is {name} {given}: the output would overwrite it")
+        if source.is_relative_to(output):
+            raise UsageError(f"{option} {path} holds {name} {given}: writing it would overwrite "
+                             f"what the run reads")
+        if output.is_relative_to(source):
+            raise UsageError(f"{option} {path} lies inside {name} {given}: give an output "
+                             f"outside it")
 
 
 def check_token_ids(ids: Sequence[int], vocab_size: int, where: str) -> None:

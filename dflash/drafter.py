@@ -120,7 +120,9 @@ class Drafter(nn.Module):
         it fits. Frozen unless `trainable` (`train.py --init-from` fine-tunes a released one)."""
         path = checkpoint.checkpoint_folder(path, "drafter checkpoint")
         file = path / "config.json"
-        config = DrafterConfig.from_dict(checkpoint.read_json(file), str(file))
+        raw = checkpoint.read_json(file)
+        checkpoint.check_kind(raw, "drafter", path)
+        config = DrafterConfig.from_dict(raw, str(file))
         if target is not None:
             check_fits(config, target.config, str(path))
         return checkpoint.load_pretrained(cls, config, path, None, device, dtype,

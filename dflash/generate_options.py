@@ -11,8 +11,8 @@ from pathlib import Path
 
 from dflash.cli import (OneLineErrors, UsageError, add_device_options, checked, int_list,
                         positive_int, seed)
-from dflash.prompts import Prompt, add_prompt_options
-from dflash.sampling import add_sampling_options
+from dflash.prompts import Prompt, add_prompt_options, check_prompt_options
+from dflash.sampling import GREEDY_BELOW, Sampling, add_sampling_options
 
 WEIGHTS = Path(__file__).resolve().parents[1] / "weights"  # the demo pair and its problem sets
 
@@ -62,8 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tree", type=checked(int, "0 (no tree) or more", lambda x: x >= 0), default=0,
                    metavar="N", help="verify a draft tree of N nodes per step")
     add_device_options(p)
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
-                   help="torch.compile the fixed-shape passes (default: on for CUDA, off for CPU)")
+    compiled = p.add_mutually_exclusive_group()  # both given: which was meant?
+    compiled.add_argument("--compile", action="store_true", default=None,
+                          help="torch.compile the fixed-shape passes (default: on for CUDA, off "
+                          "for CPU)")
+    compiled.add_argument("--no-compile", dest="compile", action="store_false",
+                          help="run the passes eagerly, also on CUDA")
     p.add_argument("--flex-attention", action="store_true",
                    help="read the caches through FlexAttention, only their filled blocks (compiled "
                    "passes only, for CUDA; not yet measured on a GPU)")
@@ -73,6 +77,28 @@ def build_parser() -> argparse.ArgumentParser:
                    "acceptance_lengths, mean_acceptance, tokens_per_second, new_tokens, steps "
                    "(with --compare also baseline_output_ids, baseline_tokens_per_second, speedup)")
     return p
+
+
+def check_filters(args, sampling: Sampling) -> None:
+    """Refuse --top-k, --top-p or --min-p given for a greedy run: the argmax takes no filter."""
+    if not sampling.greedy:
+        return
+    for option in ("top_k", "top_p", "min_p"):
+        if getattr(args, option) is not None:
+            source = " (the model's generation_config.json has do_sample off)" \
+                if args.sample_from_config and args.temperature is None else ""
+            raise UsageError(f"--{option.replace('_', '-')} filters sampled tokens, and the run "
+                             f"is greedy{source}: give a --temperature above {GREEDY_BELOW:g}, "
+                             "or drop it")
+
+
+def check_compile(args, device) -> bool:
+    """Whether the passes are compiled (default: on CUDA); --flex-attention without them refused."""
+    compile = device.type == "cuda" if args.compile is None else args.compile
+    if args.flex_attention and not compile:
+        raise UsageError(f"--flex-attention reads the caches in compiled passes only, and on "
+                         f"{device} they are not compiled unless --compile is given")
+    return compile
 
 
 def check_options(args) -> Prompt:
@@ -91,6 +117,12 @@ def check_options(args) -> Prompt:
         if args.no_draft and given:
             raise UsageError(f"--no-draft decodes without the drafter, which {option} needs: "
                              "give one of them")
+    if args.flex_attention and args.compile is False:
+        raise UsageError("--flex-attention reads the caches in compiled passes only, which "
+                         "--no-compile turns off: give one of them")
+    check_prompt_options(args, ids_given=args.prompt_ids is not None)
+    if not args.sample_from_config:  # else once the file is read (generate.run)
+        check_filters(args, Sampling(args.temperature or 0.0))
     return (Prompt("--prompt", text=args.prompt) if args.prompt_ids is None
             else Prompt("--prompt-ids", ids=args.prompt_ids))
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from dflash.checkpoint import check_memory
+from dflash.checkpoint import check_memory, is_integer
 from dflash.cli import UsageError, check_token_ids, jsonl_records
 from dflash.tokenizer import Tokenizer
 
@@ -20,8 +20,11 @@ prompt files are JSONL: one object per line, with exactly one of
   {"prompt_ids": [1, 2, 3]}                           token ids (no tokenizer needed)
 and optionally "answer", the expected final answer (bench.py checks it); other fields are ignored"""
 
-# A prompt file's field: (the Prompt attribute it fills, the type of its value, the type of its items).
-PROMPT_FIELDS = {"prompt": ("text", str, str), "messages": ("messages", list, dict), "prompt_ids": ("ids", list, int)}
+# A prompt file's field: (the Prompt attribute it fills, the type of its value, a test of its items
+# and their name). JSON's true is an int to Python, but no token id.
+PROMPT_FIELDS = {"prompt": ("text", str, lambda x: isinstance(x, str), "str"),
+                 "messages": ("messages", list, lambda x: isinstance(x, dict), "dict"),
+                 "prompt_ids": ("ids", list, is_integer, "int")}
 
 
 @dataclass
@@ -46,6 +49,9 @@ class Prompt:
             if not isinstance(message.get("content"), str):
                 raise UsageError(f"{self.where}: message {index} needs a 'content' string")
             check_text(message["content"], f"{self.where}: message {index}")
+        if self.messages is not None and not any(m["role"] == "user" for m in self.messages):
+            raise UsageError(f"{self.where}: the conversation has no user turn (a 'role' of "
+                             "'user'): nothing to answer")
 
 
 ROLES = ("system", "user", "assistant")  # what the chat template renders (`apply_qwen3_chat_template`)
@@ -65,10 +71,10 @@ def parse_prompt(record, where: str) -> Prompt:
     given = [field for field in PROMPT_FIELDS if field in record] if isinstance(record, dict) else []
     if len(given) != 1:
         raise UsageError(f"{where}: expected an object with exactly one of 'prompt', 'messages' or 'prompt_ids'")
-    attribute, kind, item = PROMPT_FIELDS[given[0]]
+    attribute, kind, item, item_name = PROMPT_FIELDS[given[0]]
     value, answer = record[given[0]], record.get("answer")
-    if not (value and isinstance(value, kind) and all(isinstance(x, item) for x in value)):
-        of_items = "" if kind is str else f" of {item.__name__}"
+    if not (value and isinstance(value, kind) and all(map(item, value))):
+        of_items = "" if kind is str else f" of {item_name}"
         raise UsageError(f"{where}: '{given[0]}' must be a non-empty {kind.__name__}{of_items}")
     return Prompt(where, **{attribute: value}, answer=None if answer is None else str(answer))
 
@@ -90,6 +96,17 @@ def add_prompt_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--thinking", action="store_true", help="render chat prompts with thinking on")
     parser.add_argument("--no-token-healing", dest="token_healing", action="store_false",
                         help="keep a raw prompt's last token even when it ends mid-token (a trailing newline or space)")
+
+
+def check_prompt_options(args, ids_given: bool = False) -> None:
+    """Refuse prompt options that would be ignored: --thinking renders a chat template, which
+    --raw turns off and token ids (`ids_given`) never go through."""
+    if args.thinking and args.chat is False:
+        raise UsageError("--thinking renders chat prompts, which --raw turns off: give one of them")
+    for option, given in (("--thinking", args.thinking), ("--chat", args.chat),
+                          ("--raw", args.chat is False)):
+        if ids_given and given:
+            raise UsageError(f"{option} renders text prompts; token ids are fed as they are")
 
 
 def encode_for_generation(prompt: Prompt, tokenizer: Tokenizer | None, chat: bool | None = None,

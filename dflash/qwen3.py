@@ -360,8 +360,12 @@ class Qwen3(nn.Module):
         """Load an official Qwen3 checkpoint folder (single file or sharded)."""
         path = checkpoint.checkpoint_folder(path, "checkpoint")
         file = path / "config.json"
-        config = Qwen3Config.from_dict(checkpoint.read_json(file), str(file))
+        raw = checkpoint.read_json(file)
+        checkpoint.check_kind(raw, "target", path)
+        config = Qwen3Config.from_dict(raw, str(file))
         unused = frozenset({"lm_head.weight"} if config.tie_word_embeddings else ())  # a tied copy
+        if config.tie_word_embeddings:
+            checkpoint.check_tied_copy(path, "lm_head.weight", "model.embed_tokens.weight")
         return checkpoint.load_pretrained(cls, config, path, official_names, device, dtype,
                                           skip=unused)
 

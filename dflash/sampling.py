@@ -11,7 +11,7 @@ from typing import Sequence
 
 import torch
 
-from dflash.checkpoint import BOOLEAN, NON_NEGATIVE_INTEGER, check_fields, is_number, read_json
+from dflash.checkpoint import BOOLEAN, SIZE_LIMIT, check_fields, is_integer, is_number, read_json
 from dflash.cli import UsageError, non_negative
 from dflash.qwen3 import argmax
 
@@ -19,6 +19,12 @@ from dflash.qwen3 import argmax
 # A temperature under this is taken as 0 (greedy): that cold, a draw is the argmax but for exact
 # ties, and float32 logits divided by 1e-39 overflow to inf (by 1e-46, float32's 0: NaN), garbage.
 GREEDY_BELOW = 1e-8
+
+
+# A top-k past any vocabulary's size keeps them all, as 0 does; one past 64 bits cannot even be
+# printed as a float (`Sampling.filters`).
+TOP_K = (f"an integer in 0..{SIZE_LIMIT} (0: no limit)",
+         lambda value: is_integer(value) and 0 <= value <= SIZE_LIMIT)
 
 
 @dataclass(frozen=True)
@@ -35,8 +41,8 @@ class Sampling:
             raise UsageError(f"temperature must be a finite number >= 0, got {self.temperature}")
         if self.temperature < GREEDY_BELOW:  # see GREEDY_BELOW: no draw, but the argmax
             object.__setattr__(self, "temperature", 0.0)
-        if self.top_k < 0:
-            raise UsageError(f"top-k must be >= 0 (0: no limit), got {self.top_k}")
+        if not TOP_K[1](self.top_k):
+            raise UsageError(f"top-k must be {TOP_K[0]}, got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise UsageError(f"top-p must be in (0, 1], got {self.top_p}")
         if not 0 <= self.min_p <= 1:
@@ -184,7 +190,7 @@ def add_sampling_options(parser: argparse.ArgumentParser, draft_policy: bool = T
 
 # The fields of `generation_config.json` that say how to sample, and what each must be.
 GENERATION_FIELD_RULES = {
-    "do_sample": BOOLEAN, "top_k": NON_NEGATIVE_INTEGER,
+    "do_sample": BOOLEAN, "top_k": TOP_K,
     "temperature": ("a finite number >= 0", lambda value: is_number(value) and value >= 0),
     "top_p": ("a number in (0, 1]", lambda value: is_number(value) and 0 < value <= 1),
     "min_p": ("a number in [0, 1]", lambda value: is_number(value) and 0 <= value <= 1)}

@@ -12,7 +12,7 @@ from typing import Iterable, Mapping, Sequence
 
 from tokenizers import Tokenizer as RawTokenizer
 
-from dflash.checkpoint import is_integer, read_json
+from dflash.checkpoint import SIZE, check_regular_file, is_integer, read_json
 
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 MASK = "<|mask|>"  # only in this project's demo tokenizer: the drafter's "blank" token
@@ -78,13 +78,13 @@ def generation_eos_ids(folder: Path, raw: RawTokenizer | None) -> list[int]:
 
 
 def model_vocab_size(folder: Path) -> int | None:
-    """The vocabulary the checkpoint's `config.json` declares, when it reads as one (its errors are
-    the model loader's to report)."""
+    """The vocabulary the checkpoint's `config.json` declares, when it reads as a valid one (a
+    size of 0 or a bad file is the model loader's to report, naming config.json)."""
     try:
         vocab_size = config_file(folder / "config.json").get("vocab_size")
     except TokenizerError:
         return None
-    return vocab_size if is_integer(vocab_size) else None
+    return vocab_size if SIZE[1](vocab_size) else None
 
 
 def index_of_last_user_query(messages: Sequence[Mapping[str, str]]) -> int:
@@ -211,6 +211,7 @@ def load_tokenizer(folder: str | Path) -> Tokenizer:
         raise TokenizerError(f"{folder}: not a folder (expected a checkpoint folder with tokenizer.json)")
     for name, decompress in TOKENIZER_FILES.items():
         path = folder / name
+        check_regular_file(path, TokenizerError, "tokenizer file")  # a FIFO would never end
         if path.is_file():
             try:
                 raw = RawTokenizer.from_str(decompress(path.read_bytes()).decode("utf-8"))
@@ -222,8 +223,8 @@ def load_tokenizer(folder: str | Path) -> Tokenizer:
 
 def find_tokenizer(folder: str | Path, required: bool = False) -> Tokenizer | None:
     """The folder's tokenizer, or None when it has none and none is `required` (fine for token-id prompts)."""
-    if not required and not any((Path(folder) / name).is_file() for name in TOKENIZER_FILES):
-        return None
+    if not required and not any((Path(folder) / name).exists() for name in TOKENIZER_FILES):
+        return None  # one that exists but is no regular file: `load_tokenizer` says so
     return load_tokenizer(folder)
 
 

@@ -189,8 +189,8 @@ def test_an_integer_weight_tensor_is_refused_not_cast(tmp_path):
 
 
 @pytest.mark.parametrize("field, value, rule", [
-    ("temperature", "hot", "a finite number >= 0"), ("top_k", 20.5, "an integer >= 0"),
-    ("top_k", -3, "an integer >= 0"), ("top_p", 1.5, "a number in (0, 1]"), ("do_sample", "yes", "true or false"),
+    ("temperature", "hot", "a finite number >= 0"), ("top_k", 20.5, "an integer in 0..2147483647 (0: no limit)"),
+    ("top_k", -3, "an integer in 0..2147483647 (0: no limit)"), ("top_p", 1.5, "a number in (0, 1]"), ("do_sample", "yes", "true or false"),
     ("min_p", -0.1, "a number in [0, 1]"),
 ])
 def test_generation_config_values_are_checked_naming_the_file(tmp_path, field, value, rule):

@@ -105,7 +105,7 @@ def test_config_that_is_not_json(tmp_path):
 
 
 def test_missing_folder_and_missing_weights(tmp_path):
-    expect_error(tmp_path / "nowhere", "not a checkpoint folder")
+    expect_error(tmp_path / "nowhere", "no such checkpoint folder")
     folder = copy_of("qwen3-tiny", tmp_path)
     (folder / "model.safetensors").unlink()
     expect_error(folder, "no model.safetensors")

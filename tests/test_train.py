@@ -546,7 +546,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     data = tmp_path / "data.jsonl"
     write_data(data)
     assert "data file not found" in one_error_line(capsys, train_argv(tmp_path / "missing.jsonl", tmp_path / "a"))
-    assert "not a checkpoint folder" in one_error_line(
+    assert "no such checkpoint folder" in one_error_line(
         capsys, ["--target", str(tmp_path / "nope"), "--data", str(data), "--out", str(tmp_path / "b")])
     (tmp_path / "busy").mkdir()
     (tmp_path / "busy" / "file").write_text("x")
