@@ -19,9 +19,8 @@ import torch
 from tqdm import tqdm
 
 from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_output, jsonl_records,
-                        pick_device, pick_dtype, positive_int, run_cli, seed)
-from dflash.data import (content_hash, encode_prompts, generate_batch, pack, packed_folder_mark,
-                         refuse_overlap)
+                        pick_device, pick_dtype, positive_int, refuse_overlap, run_cli, seed)
+from dflash.data import content_hash, encode_prompts, generate_batch, pack, packed_folder_mark
 from dflash.prompts import PROMPT_FORMAT, add_prompt_options
 from dflash.qwen3 import Qwen3
 from dflash.sampling import Sampling, add_sampling_options, sampling_of

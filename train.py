@@ -24,8 +24,8 @@ from torch import nn
 from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
-from dflash.cli import UsageError, run_cli
-from dflash.data import Sequences, refuse_overlap
+from dflash.cli import UsageError, refuse_overlap, run_cli
+from dflash.data import Sequences
 from dflash.drafter import DrafterConfig
 from dflash.evaluation import evaluate
 from dflash.qwen3 import Qwen3, masked

@@ -17,7 +17,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 from dflash.checkpoint import write_atomically
-from dflash.cli import UsageError, check_output
+from dflash.cli import UsageError, check_output, refuse_overlap
 
 
 def peak_memory(device: torch.device) -> int | None:
@@ -81,27 +81,10 @@ def least_time(loops: dict[str, dict[str, Callable[[], object]]], rounds: int, c
 def check_report_output(path: Path | None, option: str, inputs: Mapping[str, object],
                         folder: bool = False) -> None:
     """Refuse, before any work, an output the run could not write (`check_output`) or would write
-    over what it reads (`check_not_an_input`). No output given: nothing to check."""
+    over what it reads (`refuse_overlap`). No output given: nothing to check."""
     if path is not None:
         check_output(Path(path), option, folder)
-        check_not_an_input(Path(path), option, inputs)
-
-
-def check_not_an_input(path: Path, option: str, inputs: Mapping[str, object]) -> None:
-    """Refuse an output that is one of `inputs` ({option: path}, None skipped), lies inside one (a
-    checkpoint folder gains a stray file, or loses one) or contains one (a folder of plots around
-    the prompts), symbolic links followed: a report written over the prompts loses them.
-    (A local twin of the check dflash/cli.py is to share, for the benchmarks.)"""
-    out = Path(path).resolve()
-    for name, given in inputs.items():
-        if given is None:
-            continue
-        source = Path(given).resolve()
-        relation = ("is" if out == source else "lies inside" if out.is_relative_to(source)
-                    else "contains" if source.is_relative_to(out) else None)
-        if relation:
-            raise UsageError(f"{option} {path} {relation} the input {name} {given}: give an "
-                             f"output apart from what the run reads")
+        refuse_overlap({option: path}, dict(inputs))
 
 
 def write_report(path: Path, report) -> None:

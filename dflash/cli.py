@@ -204,24 +204,25 @@ def check_output(path: Path, option: str, folder: bool = False) -> None:
         raise UsageError(f"{option} {path}: cannot write in {existing}")
 
 
-def check_not_an_input(path: Path, option: str, inputs: dict[str, Path]) -> None:
-    """Refuse, before any work, an output that is one of the program's inputs, holds one, or lies
-    inside one (a prompts file, a checkpoint folder): writing it would destroy what the run reads.
-    `inputs` maps each input's option ("--prompts") to its path; paths compare resolved, so a link
-    or a `..` does not hide the overlap."""
-    output = Path(path).resolve()
-    for name, given in inputs.items():
-        if given is None:
+def refuse_overlap(outputs: dict[str, object], inputs: dict[str, object]) -> None:
+    """Refuse, before any work, an output (option name: path, or None) that is, holds or lies
+    inside an input or another output (a prompts file, a checkpoint folder): writing it would
+    overwrite or delete what the program reads. Compared as the operating system sees them
+    (resolved: links and `..` followed), never as strings, so `runs/a2` is not inside `runs/a`."""
+    named = {**inputs, **outputs}
+    for option, output in outputs.items():
+        if output is None:
             continue
-        source = Path(given).resolve()
-        if output == source:
-            raise UsageError(f"{option} {path} is {name} {given}: the output would overwrite it")
-        if source.is_relative_to(output):
-            raise UsageError(f"{option} {path} holds {name} {given}: writing it would overwrite "
-                             f"what the run reads")
-        if output.is_relative_to(source):
-            raise UsageError(f"{option} {path} lies inside {name} {given}: give an output "
-                             f"outside it")
+        mine = Path(output).resolve()
+        for other, given in named.items():
+            if given is None or other == option:
+                continue
+            theirs = Path(given).resolve()
+            relation = "is" if mine == theirs else "holds" if theirs.is_relative_to(mine) \
+                else "lies inside" if mine.is_relative_to(theirs) else None
+            if relation:
+                raise UsageError(f"{option} {output} {relation} {other} {given}: an output must "
+                                 f"lie apart from the program's inputs and other outputs")
 
 
 def check_token_ids(ids: Sequence[int], vocab_size: int, where: str) -> None:

@@ -30,36 +30,12 @@ from dflash.tokenizer import TokenizerError
 from dflash.training import check_batch
 
 
-def refuse_overlap(outputs: dict[str, object], inputs: dict[str, object]) -> None:
-    """Refuse an output (option name: path, or None) that is, holds or lies inside an input or
-    another output: writing it would overwrite or delete what the program reads. Compared as the
-    operating system sees them (resolved: links and `..` followed), never as strings."""
-    named = {**inputs, **outputs}
-    for option, output in outputs.items():
-        if output is None:
-            continue
-        mine = Path(output).resolve()
-        for other, given in named.items():
-            if given is None or other == option:
-                continue
-            theirs = Path(given).resolve()
-            relation = "is" if mine == theirs else "holds" if theirs.is_relative_to(mine) \
-                else "lies inside" if mine.is_relative_to(theirs) else None
-            if relation:
-                raise UsageError(f"{option} {output} {relation} {other} {given}: an output must "
-                                 f"lie apart from the program's inputs and other outputs")
-
-
 def encode_prompts(path: Path, tokenizer, chat: bool | None, thinking: bool, token_healing: bool,
                    vocab_size: int) -> list[tuple[list[int], list[int] | None]]:
     """(token ids, the first new token's choices or None) per prompt, as `generate.py` renders
     it."""
     prompts = []
     for prompt in read_prompts(path):
-        roles = [message.get("role") for message in prompt.messages or ()]
-        if prompt.messages is not None and "user" not in roles:
-            raise UsageError(f"{prompt.where}: a chat record needs a user turn to answer (its "
-                             f"roles: {', '.join(map(str, roles))})")
         try:
             ids, choices = encode_for_generation(prompt, tokenizer, chat, thinking, token_healing)
         except TokenizerError as err:  # said about the template: this names the record too

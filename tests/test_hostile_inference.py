@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 import generate
 from dflash import checkpoint
 from dflash.checkpoint import CheckpointError
-from dflash.cli import UsageError, check_not_an_input
+from dflash.cli import UsageError, refuse_overlap
 from dflash.drafter import Drafter
 from dflash.prompts import read_prompts
 from dflash.qwen3 import Qwen3
@@ -357,14 +357,14 @@ def test_an_output_equal_to_holding_or_inside_an_input_is_refused(tmp_path):
              model: "is --model"}
     for output, fragment in cases.items():
         with pytest.raises(UsageError) as caught:
-            check_not_an_input(output, "--json", inputs)
+            refuse_overlap({"--json": output}, inputs)
         assert str(caught.value).startswith(f"--json {output} {fragment}"), caught.value
     link = tmp_path / "link.jsonl"
     link.symlink_to(prompts)
     with pytest.raises(UsageError, match="is --prompts"):
-        check_not_an_input(link, "--out", inputs)
-    check_not_an_input(tmp_path / "elsewhere.json", "--json", {**inputs, "--draft": None})
-    check_not_an_input(tmp_path / "p.jsonl.out", "--json", inputs)  # a prefix is no parent
+        refuse_overlap({"--out": link}, inputs)
+    refuse_overlap({"--json": tmp_path / "elsewhere.json"}, {**inputs, "--draft": None})
+    refuse_overlap({"--json": tmp_path / "p.jsonl.out"}, inputs)  # a prefix is no parent
 
 
 # ------------------------------------------------------------------ 6: the shard index

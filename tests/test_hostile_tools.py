@@ -24,6 +24,7 @@ import cpu_study
 import drafter_check
 import pass_costs
 from dflash import block_choice, checkpoint
+from dflash.cli import refuse_overlap
 from tests.snapshots import assert_untouched, tree_bytes
 from tests.test_walk_options import FIELD_VALUES
 
@@ -357,7 +358,7 @@ def test_a_link_to_an_input_is_that_input(tmp_path, capsys, no_work):
     link.symlink_to(p)
     argv = ["--model", str(TARGET), "--draft", str(DRAFTER), "--prompts", str(p), "--json",
             str(link), "--device", "cpu"]
-    refused(bench.main, argv, capsys, "is the input --prompts")
+    refused(bench.main, argv, capsys, "is --prompts")
 
 
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="no matplotlib")
@@ -365,16 +366,16 @@ def test_a_plots_folder_around_the_prompts_is_refused(tmp_path, capsys, no_work)
     p = prompts(tmp_path)
     argv = ["--model", str(TARGET), "--draft", str(DRAFTER), "--prompts", str(p), "--plots",
             str(tmp_path), "--device", "cpu"]
-    refused(bench.main, argv, capsys, "--plots", "contains the input --prompts")
+    refused(bench.main, argv, capsys, "--plots", "holds --prompts")
 
 
-def test_check_not_an_input_by_hand(tmp_path):
+def test_refuse_overlap_by_hand(tmp_path):
     inputs = {"--model": tmp_path / "model", "--prompts": tmp_path / "p.jsonl", "--x": None}
     for out, relation in ((tmp_path / "p.jsonl", "is"), (tmp_path / "model" / "a", "lies inside"),
-                          (tmp_path, "contains")):
+                          (tmp_path, "holds")):
         with pytest.raises(bench_common.UsageError, match=relation):
-            bench_common.check_not_an_input(out, "--json", inputs)
-    bench_common.check_not_an_input(tmp_path / "model-report.json", "--json", inputs)  # apart
+            refuse_overlap({"--json": out}, inputs)
+    refuse_overlap({"--json": tmp_path / "model-report.json"}, inputs)  # apart
 
 
 # ------------------------------------------------------------------ numbers past the machine

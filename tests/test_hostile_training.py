@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 
 import make_data
 import train
-from dflash import data, kept_checkpoints, training
+from dflash import cli, data, kept_checkpoints, training
 from dflash.cli import UsageError
 from tests.snapshots import assert_untouched, tree_bytes
 
@@ -166,7 +166,7 @@ def make_data_cases(tmp: Path, world: dict[str, Path]) -> dict[str, tuple[list[s
                                          "holds notes.txt, not a packed folder"),
         "a chat record with no user turn": (["--prompts", str(no_user), "--out",
                                              str(tmp / "new.jsonl")],
-                                            f"{no_user}:1: a chat record needs a user turn"),
+                                            f"{no_user}:1: the conversation has no user turn"),
     }
 
 
@@ -207,11 +207,11 @@ def test_the_path_rule_resolves_links_and_never_compares_strings(tmp_path):
     (tmp_path / "target").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / "target")
     with pytest.raises(UsageError, match="is --target"):
-        data.refuse_overlap({"--out": tmp_path / "link"}, {"--target": tmp_path / "target"})
+        cli.refuse_overlap({"--out": tmp_path / "link"}, {"--target": tmp_path / "target"})
     with pytest.raises(UsageError, match="lies inside --target"):
-        data.refuse_overlap({"--out": tmp_path / "link" / ".." / "target" / "x"},
+        cli.refuse_overlap({"--out": tmp_path / "link" / ".." / "target" / "x"},
                             {"--target": tmp_path / "target"})
-    data.refuse_overlap({"--out": tmp_path / "target2", "--pack": None},  # a prefix, not a parent
+    cli.refuse_overlap({"--out": tmp_path / "target2", "--pack": None},  # a prefix, not a parent
                         {"--target": tmp_path / "target", "--tokenizer": None})
 
 
