@@ -10,6 +10,7 @@
 """
 
 import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -17,12 +18,21 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _lab_helpers, wherever pytest is started
 
-from _lab_helpers import LABS, ROOT, DemoPair, graded_kind, short_name  # noqa: E402
+from _lab_helpers import LABS, ROOT, DemoPair, drawn_seed, graded_kind, short_name  # noqa: E402
 
 
 def pytest_configure(config):
     import torch
     torch.set_num_threads(1)  # tiny models: one thread is as fast, and far steadier on a busy machine
+    if not os.environ.get("DFLASH_LABS_SEED"):  # one seed for the run, printed, so it can be replayed
+        os.environ["DFLASH_LABS_SEED"] = str(drawn_seed())
+        config.add_cleanup(lambda: os.environ.pop("DFLASH_LABS_SEED", None))
+
+
+def pytest_report_header(config):
+    """The run's seed, atop pytest's report: what replays a run's draws."""
+    seed = os.environ["DFLASH_LABS_SEED"]
+    return f"labs seed: {seed} (DFLASH_LABS_SEED={seed} replays it)"
 
 
 @pytest.fixture(scope="session")
