@@ -253,3 +253,13 @@ def test_bad_command_lines_are_refused_before_any_grading(tmp_path, capsys):
     refused([str(submissions), "--out", str(tmp_path / "g.csv"), "--seed", "-1"], capsys, "--seed")
     assert_untouched(before, submissions, LABS)
     assert not (tmp_path / "g.csv").exists()
+
+
+def test_a_message_is_never_a_spreadsheet_formula(tmp_path):
+    """A student can choose a failure's text (pytest.fail("=HYPERLINK(...)")): it is written inert."""
+    out = tmp_path / "grades.csv"
+    rows = [dict(student="ada", lab=HISTOGRAM, points=0, max_points=10, seed=1, message=message)
+            for message in ("=HYPERLINK(\"x\")", "passed")]
+    grade_class.write_csv(out, rows)
+    with open(out, newline="") as file:
+        assert [r["message"] for r in csv.DictReader(file)] == ["'=HYPERLINK(\"x\")", "passed"]

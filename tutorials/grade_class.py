@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,18 +156,51 @@ def run_grader(starter: Path, lab: str, seed: int, timeout: float, memory_gb: fl
                    "-c", str(project / "pyproject.toml"), f"--junitxml={report}",
                    "-o", "junit_family=xunit2", str(lab_folder / grader_of(lab).name)]
         with open(results / "output.txt", "wb") as output:
-            child = subprocess.Popen(command, cwd=project, env=child_environment(seed),
-                                     stdin=subprocess.DEVNULL, stdout=output, stderr=output,
-                                     start_new_session=True)
-            try:
-                status = child.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                status = None
-            finally:
-                end_process_group(child)
+            status = run_capped(command, project, child_environment(seed), output, timeout)
         if status is None:
             return Grade(0, max_points, f"timed out after {timeout:g} s (an endless loop?)")
-        return verdict(status, report, tests, max_points)
+        result = verdict(status, report, tests, max_points)
+        if result.message.startswith("no report"):  # pytest's last words, if any: a crash's cause
+            result.message += last_line(results / "output.txt")
+        return result
+
+
+class Running:
+    """The graders' processes now running, so that Ctrl-C ends them too: each runs in a session of
+    its own (its process group is killed whole), which the terminal's Ctrl-C does not reach."""
+    children: set[subprocess.Popen] = set()
+    stopping = threading.Event()
+
+    @classmethod
+    def stop(cls) -> None:
+        cls.stopping.set()
+        for child in list(cls.children):
+            end_process_group(child)
+
+
+def run_capped(command: list[str], cwd: Path, env: dict, output, timeout: float) -> int | None:
+    """Run the child in its own session; its exit status, or None when it ran out of time (then it
+    is killed, with everything it started in its process group)."""
+    if Running.stopping.is_set():
+        raise KeyboardInterrupt
+    child = subprocess.Popen(command, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=output,
+                             stderr=output, start_new_session=True)
+    Running.children.add(child)
+    try:
+        return child.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        end_process_group(child)
+        Running.children.discard(child)
+
+
+def last_line(output: Path) -> str:
+    """`: <the output's last line>`, or nothing when the child printed nothing."""
+    with open(output, "rb") as file:
+        file.seek(max(0, file.seek(0, os.SEEK_END) - 4096))
+        lines = file.read().decode(errors="replace").strip().splitlines()
+    return f": {lines[-1].strip()[:300]}" if lines else ""
 
 
 def end_process_group(child: subprocess.Popen) -> None:
@@ -207,12 +241,15 @@ def verdict(status: int, report: Path, tests: set[str], max_points: int) -> Grad
 
 
 def write_csv(out: Path, rows: list[dict]) -> None:
-    """The grades, one row per student and lab, written whole or not at all."""
+    """The grades, one row per student and lab, written whole or not at all. A message a
+    spreadsheet would run as a formula (a student can choose a failure's text) starts with '."""
     def write(path: str) -> None:
         with open(path, "w", newline="") as file:
             writer = csv.DictWriter(file, COLUMNS)
             writer.writeheader()
-            writer.writerows(rows)
+            for row in rows:
+                inert = "'" if row["message"].startswith(("=", "+", "-", "@")) else ""
+                writer.writerow({**row, "message": inert + row["message"]})
     write_atomically(out, write)
 
 
@@ -266,11 +303,18 @@ def grade(args) -> int:
         return run_grader(starter, lab, drawn, args.timeout, args.memory_gb, tests[lab], points[lab])
 
     grades = {}
-    with concurrent.futures.ThreadPoolExecutor(args.jobs) as pool:
+    pool = concurrent.futures.ThreadPoolExecutor(args.jobs)
+    try:
         running = {pool.submit(one, pair): pair for pair in pairs}
         for done in tqdm(concurrent.futures.as_completed(running), total=len(pairs),
                          desc="grading", unit="lab"):
             grades[running[done]] = done.result()
+    except KeyboardInterrupt:
+        pool.shutdown(wait=False, cancel_futures=True)
+        Running.stop()
+        raise
+    finally:
+        pool.shutdown()
     rows = [dict(student=student.name, lab=lab, seed=drawn, **vars(grades[student, lab]))
             for student, lab in pairs]
     write_csv(args.out, rows)
