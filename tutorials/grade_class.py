@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LABS = ROOT / "tutorials" / "labs"
 # what a grader's process needs of the repository: the project, the demo pair, the labs' shared
 # tools; a lab's own folder adds its grader and the student's starter.py, never solution.py
-PROJECT_FILES = ("dflash", "generate.py", "train.py", "pyproject.toml", "weights",
+PROJECT_FILES = ("dflash", "generate.py", "train.py", "pyproject.toml", "weights", "tests/fixtures",
                  "tutorials/teaching.py", "tutorials/labs/_lab_helpers.py",
                  "tutorials/labs/conftest.py")
 COLUMNS = ("student", "lab", "points", "max_points", "seed", "message")
@@ -76,16 +76,29 @@ class Grade:
     message: str
 
 
-def build_project(into: Path) -> None:
-    """Copy what every grader needs (PROJECT_FILES) into `into`: copies, not links, so that a
+def project_files(labs: list[str]) -> dict[str, bytes]:
+    """{path: bytes} of what every grader's process needs (PROJECT_FILES) and the labs' graders,
+    read once, before any student's code runs: a submission runs as your user and could rewrite
+    this repository's graders, but no later student is graded by what it wrote."""
+    files = {}
+    for name in [*PROJECT_FILES, *(grader_of(lab).relative_to(ROOT).as_posix() for lab in labs)]:
+        source = ROOT / name
+        found = sorted(source.rglob("*")) if source.is_dir() else [source]
+        for path in found:
+            if path.is_file() and "__pycache__" not in path.parts:
+                files[path.relative_to(ROOT).as_posix()] = path.read_bytes()
+    return files
+
+
+def build_project(into: Path, files: dict[str, bytes], labs: list[str]) -> None:
+    """Write `files` into `into`, with only the graders of `labs`: copies, not links, so that a
     submission can neither reach this repository through them nor change it by writing to them."""
-    for name in PROJECT_FILES:
-        source, target = ROOT / name, into / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_dir():
-            shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
-        else:
-            shutil.copyfile(source, target)
+    graders = {grader_of(lab).relative_to(ROOT).as_posix() for lab in labs}
+    for name, data in files.items():
+        if name.startswith("tutorials/labs/") and name.count("/") == 3 and name not in graders:
+            continue  # another lab's grader
+        (into / name).parent.mkdir(parents=True, exist_ok=True)
+        (into / name).write_bytes(data)
 
 
 def grader_of(lab: str) -> Path:
@@ -102,16 +115,14 @@ def child_environment(seed: int) -> dict[str, str]:
     return env
 
 
-def expected_tests(labs: list[str], seed: int, timeout: float) -> dict[str, set[str]]:
+def expected_tests(files: dict[str, bytes], labs: list[str], seed: int,
+                   timeout: float) -> dict[str, set[str]]:
     """{lab: the names of its grader's tests}, as pytest collects them in a project without any
     submission: what a child's report must list, exactly. Collecting imports the graders, never a
     starter (the `lab` fixture loads it when a test runs)."""
     with tempfile.TemporaryDirectory(prefix="grade-collect-") as folder:
         project = Path(folder)
-        build_project(project)
-        for lab in labs:
-            (project / "tutorials" / "labs" / lab).mkdir()
-            shutil.copyfile(grader_of(lab), project / "tutorials" / "labs" / lab / grader_of(lab).name)
+        build_project(project, files, labs)
         run = subprocess.run(
             [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
              "--rootdir", str(project), "-c", str(project / "pyproject.toml"), "tutorials/labs"],
@@ -139,16 +150,14 @@ def submitted_file(student: Path, lab: str) -> tuple[Path | None, str]:
     return starter, ""
 
 
-def run_grader(starter: Path, lab: str, seed: int, timeout: float, memory_gb: float,
-               tests: set[str], max_points: int) -> Grade:
+def run_grader(files: dict[str, bytes], starter: Path, lab: str, seed: int, timeout: float,
+               memory_gb: float, tests: set[str], max_points: int) -> Grade:
     """Grade one starter.py in its own process, in a fresh copy of the project; the verdict is
     read from the process's exit status and its JUnit report, in a folder the child is not in."""
     with tempfile.TemporaryDirectory(prefix="grade-") as folder:
         project, results = Path(folder) / "project", Path(tempfile.mkdtemp(dir=folder))
-        build_project(project)
+        build_project(project, files, [lab])
         lab_folder = project / "tutorials" / "labs" / lab
-        lab_folder.mkdir()
-        shutil.copyfile(grader_of(lab), lab_folder / grader_of(lab).name)
         shutil.copyfile(starter, lab_folder / "starter.py")
         report = results / "report.xml"
         command = [sys.executable, "-c", CAPPED, str(int(memory_gb * 2**30)), str(FILE_LIMIT),
@@ -292,7 +301,8 @@ def grade(args) -> int:
     check_out(args.out, args.submissions)
     drawn = args.seed if args.seed is not None else int.from_bytes(os.urandom(4), "little")
     print(f"seed {drawn} (replay with --seed {drawn})", flush=True)
-    tests = expected_tests(labs, drawn, args.timeout)
+    files = project_files(labs)
+    tests = expected_tests(files, labs, drawn, args.timeout)
     pairs = [(student, lab) for student in students for lab in labs]
 
     def one(pair) -> Grade:
@@ -300,7 +310,7 @@ def grade(args) -> int:
         starter, why = submitted_file(student, lab)
         if starter is None:
             return Grade(0, points[lab], why)
-        return run_grader(starter, lab, drawn, args.timeout, args.memory_gb, tests[lab], points[lab])
+        return run_grader(files, starter, lab, drawn, args.timeout, args.memory_gb, tests[lab], points[lab])
 
     grades = {}
     pool = concurrent.futures.ThreadPoolExecutor(args.jobs)
