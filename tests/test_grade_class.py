@@ -1,5 +1,6 @@
-"""tutorials/grade_class.py grades a class: a made-up class of 30 students over two quick labs, honest,
-wrong and hostile submissions mixed, graded once (the `graded` fixture), then read row by row.
+"""tutorials/grade_class.py grades a class: a made-up class of 30 students over two quick labs,
+honest, wrong and hostile submissions mixed, graded once (the `graded` fixture), then read row by
+row.
 
 What a hostile submission can still do from inside the grader's process (it runs there) is marked
 xfail(strict): the follow-up item "graders that enforce their rules"; when it is done these tests
@@ -23,7 +24,8 @@ TIMEOUT = 30  # seconds: the looping submission's cost, and several times an hon
 
 
 def load_grade_class():
-    spec = importlib.util.spec_from_file_location("grade_class", ROOT / "tutorials" / "grade_class.py")
+    path = ROOT / "tutorials" / "grade_class.py"
+    spec = importlib.util.spec_from_file_location("grade_class", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # where its dataclass looks itself up
     spec.loader.exec_module(module)
@@ -39,7 +41,8 @@ def shipped(lab: str, name: str) -> str:
 
 def unwritten(lab: str, before: str = "", after: str = "") -> str:
     """The shipped starter with `before` run first, at import, and `after` last."""
-    return textwrap.dedent(before) + "\n" + shipped(lab, "starter.py") + "\n" + textwrap.dedent(after)
+    starter = shipped(lab, "starter.py")
+    return textwrap.dedent(before) + "\n" + starter + "\n" + textwrap.dedent(after)
 
 
 # what a student's process can do at import, before any check runs
@@ -70,7 +73,8 @@ READS_ANSWER = """
 """
 TAMPERS = '''
     import sys
-    grader = next(module for name, module in list(sys.modules.items()) if name.endswith("test_05_histogram"))
+    grader = next(module for name, module in list(sys.modules.items())
+                  if name.endswith("test_05_histogram"))
     grader.per_position_acceptance = lambda lengths, block: [0.5] * (block - 1)
     grader.math = type("AlwaysClose", (), {"isclose": staticmethod(lambda *args, **kwargs: True)})
 
@@ -134,7 +138,8 @@ def graded(tmp_path_factory):
         for lab, kind in labs.items():
             hand_in(submissions / student, lab, kind)
     out = tmp_path_factory.mktemp("grades") / "grades.csv"
-    status = grade_class.main([str(submissions), "--out", str(out), "--labs", f"{HISTOGRAM},{CACHE}",
+    status = grade_class.main([str(submissions), "--out", str(out),
+                               "--labs", f"{HISTOGRAM},{CACHE}",
                                "--timeout", str(TIMEOUT), "--memory-gb", "4", "--jobs", "2",
                                "--seed", "1234"])
     with open(out, newline="") as file:
@@ -162,14 +167,16 @@ def test_one_row_per_student_and_lab(graded):
 
 def test_honest_submissions_get_full_marks(graded):
     students, _, rows, _ = graded
-    honest = [(s, lab) for s, labs in students.items() for lab, kind in labs.items() if kind == HONEST]
+    honest = [(student, lab) for student, labs in students.items()
+              for lab, kind in labs.items() if kind == HONEST]
     assert len(honest) >= 3
     for student, lab in honest:
         got = row(rows, student, lab)
         assert (int(got["points"]), got["message"]) == (int(got["max_points"]), "passed"), got
 
 
-@pytest.mark.parametrize("lab, kind", [(HISTOGRAM, kind) for kind in HISTOGRAM_KINDS if kind not in (*GAPS, HONEST)]
+@pytest.mark.parametrize("lab, kind", [(HISTOGRAM, kind) for kind in HISTOGRAM_KINDS
+                                       if kind not in (*GAPS, HONEST)]
                          + [(CACHE, kind) for kind in CACHE_KINDS])
 def test_wrong_and_hostile_submissions_get_nothing(graded, lab, kind):
     _, _, rows, _ = graded
@@ -178,8 +185,9 @@ def test_wrong_and_hostile_submissions_get_nothing(graded, lab, kind):
     assert got["message"] and got["message"] != "passed", got
 
 
-@pytest.mark.xfail(strict=True, reason="a student's code runs in the grader's process: it can forge "
-                   "the report and exit, or patch the grader (follow-up: graders that enforce their rules)")
+@pytest.mark.xfail(strict=True, reason="a student's code runs in the grader's process: it can "
+                   "forge the report and exit, or patch the grader (follow-up: graders that "
+                   "enforce their rules)")
 @pytest.mark.parametrize("kind", GAPS)
 def test_in_process_cheats_get_nothing(graded, kind):
     _, _, rows, _ = graded
@@ -218,7 +226,8 @@ def test_verdict_needs_the_report_and_the_status_to_agree(tmp_path):
     assert verdict(1, three, tests, 10).points == 0  # all passed, yet pytest failed
     assert verdict(0, tmp_path / "missing.xml", tests, 10).points == 0
     assert verdict(0, report(tmp_path, PASSED.format("test_a")), tests, 10).points == 0
-    partial = report(tmp_path, PASSED.format("test_a"), PASSED.format("test_b"), FAILED.format("test_c"))
+    partial = report(tmp_path, PASSED.format("test_a"), PASSED.format("test_b"),
+                     FAILED.format("test_c"))
     assert verdict(0, partial, tests, 10).points == 0  # a failure, yet pytest passed
     got = verdict(1, partial, tests, 10)
     assert (got.points, got.message) == (6, "1 of 3 failed: lab: off by one")  # 10 x 2 / 3, down
@@ -256,7 +265,7 @@ def test_bad_command_lines_are_refused_before_any_grading(tmp_path, capsys):
 
 
 def test_a_message_is_never_a_spreadsheet_formula(tmp_path):
-    """A student can choose a failure's text (pytest.fail("=HYPERLINK(...)")): it is written inert."""
+    """A student can choose a failure's text (pytest.fail("=HYPERLINK(...)")): written inert."""
     out = tmp_path / "grades.csv"
     rows = [dict(student="ada", lab=HISTOGRAM, points=0, max_points=10, seed=1, message=message)
             for message in ("=HYPERLINK(\"x\")", "passed")]

@@ -62,7 +62,7 @@ CAPPED = ("import os, resource, sys\n"
 
 
 def lab_points() -> dict[str, int]:
-    """{lab: points} from tutorials/labs/README.md's table, the one place a lab's points are stated."""
+    """{lab: points} from tutorials/labs/README.md's table, where a lab's points are stated."""
     rows = re.findall(r"^\| (\d\d_[a-z_]+) \|.*\| \d+ min \| (\d+) \|",
                       (LABS / "README.md").read_text(), re.M)
     return {lab: int(points) for lab, points in rows}
@@ -126,7 +126,8 @@ def expected_tests(files: dict[str, bytes], labs: list[str], seed: int,
         run = subprocess.run(
             [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
              "--rootdir", str(project), "-c", str(project / "pyproject.toml"), "tutorials/labs"],
-            cwd=project, env=child_environment(seed), capture_output=True, text=True, timeout=timeout)
+            cwd=project, env=child_environment(seed), capture_output=True, text=True,
+            timeout=timeout)
     if run.returncode != 0:
         raise RuntimeError(f"the graders do not collect:\n{run.stdout}{run.stderr}")
     tests = {lab: set() for lab in labs}
@@ -288,7 +289,8 @@ def chosen_labs(option: str | None, points: dict[str, int]) -> list[str]:
 def check_out(out: Path, submissions: Path) -> None:
     """Refuse an --out that would overwrite a submission or one of the labs' files."""
     where = out.resolve()
-    for folder, what in ((submissions.resolve(), "the submissions"), (LABS.resolve(), "tutorials/labs")):
+    for folder, what in ((submissions.resolve(), "the submissions"),
+                         (LABS.resolve(), "tutorials/labs")):
         if where == folder or folder in where.parents:
             raise UsageError(f"--out {out}: inside {what}; write the grades elsewhere")
     check_output(out, "--out")
@@ -310,7 +312,8 @@ def grade(args) -> int:
         starter, why = submitted_file(student, lab)
         if starter is None:
             return Grade(0, points[lab], why)
-        return run_grader(files, starter, lab, drawn, args.timeout, args.memory_gb, tests[lab], points[lab])
+        return run_grader(files, starter, lab, drawn, args.timeout, args.memory_gb, tests[lab],
+                          points[lab])
 
     grades = {}
     pool = concurrent.futures.ThreadPoolExecutor(args.jobs)
@@ -345,7 +348,8 @@ def parser() -> argparse.ArgumentParser:
     parse.add_argument("--out", type=Path, required=True,
                        help="the CSV: student, lab, points, max_points, seed, message")
     parse.add_argument("--labs", help="the labs to grade, comma-separated (default: all)")
-    parse.add_argument("--seed", type=seed_number, help="the graders' seed (default: drawn, and printed)")
+    parse.add_argument("--seed", type=seed_number,
+                       help="the graders' seed (default: drawn, and printed)")
     parse.add_argument("--timeout", type=positive, default=120.0,
                        help="seconds one student's lab may run")
     parse.add_argument("--memory-gb", type=positive, default=8.0,

@@ -24,7 +24,7 @@ from _lab_helpers import LABS, ROOT, DemoPair, drawn_seed, graded_kind, short_na
 def pytest_configure(config):
     import torch
     torch.set_num_threads(1)  # tiny models: one thread is as fast, and far steadier on a busy machine
-    if not os.environ.get("DFLASH_LABS_SEED"):  # one seed for the run, printed, so it can be replayed
+    if not os.environ.get("DFLASH_LABS_SEED"):  # one seed for the run, printed: it replays the run
         os.environ["DFLASH_LABS_SEED"] = str(drawn_seed())
         config.add_cleanup(lambda: os.environ.pop("DFLASH_LABS_SEED", None))
 
