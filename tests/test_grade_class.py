@@ -9,6 +9,9 @@ pass, and strict xfail says so.
 
 import csv
 import importlib.util
+import os
+import re
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -272,3 +275,14 @@ def test_a_message_is_never_a_spreadsheet_formula(tmp_path):
     grade_class.write_csv(out, rows)
     with open(out, newline="") as file:
         assert [r["message"] for r in csv.DictReader(file)] == ["'=HYPERLINK(\"x\")", "passed"]
+
+
+def test_a_students_own_run_prints_its_seed():
+    """pytest's header names the seed the graders draw from, and how to replay it."""
+    env = {key: value for key, value in os.environ.items() if key != "DFLASH_LABS_SEED"}
+    command = [sys.executable, "-m", "pytest", "--collect-only", "-p", "no:cacheprovider",
+               f"tutorials/labs/{HISTOGRAM}"]
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert re.search(r"^labs seed: (\d+) \(DFLASH_LABS_SEED=\1 replays it\)$", done.stdout, re.M), (
+        done.stdout)
