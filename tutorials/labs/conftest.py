@@ -10,7 +10,6 @@
 """
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 
@@ -18,21 +17,12 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # _lab_helpers, wherever pytest is started
 
-from _lab_helpers import LABS, ROOT, DemoPair, drawn_seed, graded_kind, short_name  # noqa: E402
+from _lab_helpers import LABS, ROOT, DemoPair, graded_kind, short_name  # noqa: E402
 
 
 def pytest_configure(config):
     import torch
     torch.set_num_threads(1)  # tiny models: one thread is as fast, and far steadier on a busy machine
-    if not os.environ.get("DFLASH_LABS_SEED"):  # one seed for the run, printed: it replays the run
-        os.environ["DFLASH_LABS_SEED"] = str(drawn_seed())
-        config.add_cleanup(lambda: os.environ.pop("DFLASH_LABS_SEED", None))
-
-
-def pytest_report_header(config):
-    """The run's seed, atop pytest's report: what replays a run's draws."""
-    seed = os.environ["DFLASH_LABS_SEED"]
-    return f"labs seed: {seed} (DFLASH_LABS_SEED={seed} replays it)"
 
 
 @pytest.fixture(scope="session")
@@ -93,3 +83,22 @@ def pytest_collection_modifyitems(config, items):
     if others:
         config.hook.pytest_deselected(items=others)
         items[:] = [item for item in items if item not in others]
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's header is printed
+def pytest_sessionstart(session):
+    """One seed for the whole run, drawn unless DFLASH_LABS_SEED is set, and put there: every
+    grader draws from it, and pytest's header prints it, so that the run can be replayed."""
+    import os
+
+    from _lab_helpers import drawn_seed
+    if not os.environ.get("DFLASH_LABS_SEED"):
+        os.environ["DFLASH_LABS_SEED"] = str(drawn_seed())
+        session.config.add_cleanup(lambda: os.environ.pop("DFLASH_LABS_SEED", None))
+
+
+def pytest_report_header(config):
+    """The run's seed, atop pytest's report."""
+    import os
+    seed = os.environ["DFLASH_LABS_SEED"]
+    return f"labs seed: {seed} (DFLASH_LABS_SEED={seed} replays it)"
