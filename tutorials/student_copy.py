@@ -28,6 +28,8 @@ LEFT_OUT = (
     re.compile(r"tutorials/INSTRUCTOR_KEY\.md"),
     re.compile(r"tutorials/student_copy\.py"),
     re.compile(r"tests/test_lab_graders\.py"),  # grades the graders with the answers
+    re.compile(r"tutorials/grade_class\.py"),  # the instructor's: grades a class
+    re.compile(r"tests/test_grade_class\.py"),  # grades a made-up class, the answers among it
     re.compile(r"tests/test_tutorials\.py"),  # checks the key and this copy
     re.compile(r"\.ci/.*"),  # CI grades the answers
 )

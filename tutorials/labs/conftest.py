@@ -79,3 +79,22 @@ def pytest_collection_modifyitems(config, items):
     if others:
         config.hook.pytest_deselected(items=others)
         items[:] = [item for item in items if item not in others]
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's header is printed
+def pytest_sessionstart(session):
+    """One seed for the whole run, drawn unless DFLASH_LABS_SEED is set, and put there: every
+    grader draws from it, and pytest's header prints it, so that the run can be replayed."""
+    import os
+
+    from _lab_helpers import drawn_seed
+    if not os.environ.get("DFLASH_LABS_SEED"):
+        os.environ["DFLASH_LABS_SEED"] = str(drawn_seed())
+        session.config.add_cleanup(lambda: os.environ.pop("DFLASH_LABS_SEED", None))
+
+
+def pytest_report_header(config):
+    """The run's seed, atop pytest's report."""
+    import os
+    seed = os.environ["DFLASH_LABS_SEED"]
+    return f"labs seed: {seed} (DFLASH_LABS_SEED={seed} replays it)"
