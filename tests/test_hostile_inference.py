@@ -6,11 +6,9 @@ Bad checkpoints are built in tmp_path from the tiny fixtures: every file a link 
 the one a test edits, so nothing here copies megabytes.
 """
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 from pathlib import Path
 
 import pytest
@@ -26,6 +24,7 @@ from dflash.prompts import read_prompts
 from dflash.qwen3 import Qwen3
 from dflash.sampling import Sampling
 from tests.snapshots import assert_untouched, tree_bytes
+from tests.test_walk_options import time_limit
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES, WEIGHTS = ROOT / "tests" / "fixtures", ROOT / "weights"
@@ -34,25 +33,6 @@ TIED = FIXTURES / "qwen3-tiny"  # one file, tie_word_embeddings true
 DEMO_TARGET, DEMO_DRAFTER = WEIGHTS / "tiny-qwen3", WEIGHTS / "tiny-qwen3-dflash"  # a tokenizer
 IDS = ["--prompt-ids", "1,2,3", "--max-new-tokens", "3", "--device", "cpu"]
 TEXT = ["--prompt", "Mia has 3 apples.", "--max-new-tokens", "3", "--device", "cpu"]
-
-
-class Hang(BaseException):
-    """Raised in a run that went on too long: no `except OSError` (TimeoutError is one) or
-    `except Exception` in the code under test can take it for a refusal."""
-
-
-@contextlib.contextmanager
-def time_limit(seconds: float):
-    def late(signum, frame):
-        raise Hang(f"still running after {seconds} s: a hang")
-
-    previous = signal.signal(signal.SIGALRM, late)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 @pytest.fixture

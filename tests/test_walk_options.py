@@ -122,12 +122,17 @@ SLOW = {("generate.py", "--compile"), ("benchmarks/bench.py", "--compile")}
 # ------------------------------------------------------------------ running one case
 
 
+class Hang(BaseException):
+    """Raised in a run that went on too long: not an OSError (TimeoutError is one, and the
+    programs turn those into a refusal) nor an Exception that code under test could catch."""
+
+
 @contextlib.contextmanager
 def time_limit(seconds: float):
-    """A TimeoutError inside the block once it runs past `seconds`, where a hang would stop the
-    suite (SIGALRM: Unix, main thread; a call stuck in native code does not see it)."""
+    """A `Hang` inside the block once it runs past `seconds`, where a hang would stop the suite
+    (SIGALRM: Unix, main thread; a call stuck in native code does not see it)."""
     def late(signum, frame):
-        raise TimeoutError(f"still running after {seconds} s")
+        raise Hang(f"still running after {seconds} s: a hang")
 
     previous = signal.signal(signal.SIGALRM, late)
     signal.setitimer(signal.ITIMER_REAL, seconds)
