@@ -21,7 +21,7 @@ from tqdm import tqdm
 from dflash.cli import (OneLineErrors, UsageError, add_device_options, check_output, jsonl_records,
                         pick_device, pick_dtype, positive_int, refuse_overlap, run_cli, seed)
 from dflash.data import content_hash, encode_prompts, generate_batch, pack, packed_folder_mark
-from dflash.prompts import PROMPT_FORMAT, add_prompt_options
+from dflash.prompts import PROMPT_FORMAT, add_prompt_options, check_prompt_options
 from dflash.qwen3 import Qwen3
 from dflash.sampling import Sampling, add_sampling_options, sampling_of
 from dflash.tokenizer import find_tokenizer, stop_token_ids
@@ -85,6 +85,7 @@ def write_all(file, data: bytes) -> None:
 
 def make_data(args: argparse.Namespace) -> int:
     """Answer every prompt `--out` does not answer yet, a batch at a time, appending as we go."""
+    check_prompt_options(args)
     check_output(args.out, "--out")
     if args.pack:
         if not args.pack.name:  # "" or ".": the packed files need a folder of their own

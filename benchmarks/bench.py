@@ -31,8 +31,8 @@ from dflash.cli import (OneLineErrors, UsageError, add_device_options, checked,
 from dflash.drafter import Drafter
 from dflash.measure import (BenchPrompt, Loops, Run, distinct_ngram_ratio, left_out, loop_figures, ratio,
                             step_ms, summarize_row)
-from dflash.prompts import (PROMPT_FORMAT, add_prompt_options, check_no_mask_token, check_request,
-                            encode_for_generation, read_prompts)
+from dflash.prompts import (PROMPT_FORMAT, add_prompt_options, check_no_mask_token, check_prompt_options,
+                            check_request, encode_for_generation, read_prompts)
 from dflash.qwen3 import Qwen3
 from dflash.sampling import Sampling, generation_config, keep_only, sampled_slots
 from dflash.tokenizer import find_tokenizer, stop_token_ids
@@ -269,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
+    check_prompt_options(args)
     if args.plots:
         require("matplotlib", "plots", "--plots")
     if args.peer:

@@ -43,7 +43,8 @@ from dflash.cli import (OneLineErrors, UsageError, add_device_options,
                         check_token_ids, int_list, pick_device, pick_dtype, positive_int, run_cli)
 from dflash.drafter import Drafter
 from dflash.engine_fields import engine_field_problems
-from dflash.prompts import PROMPT_FORMAT, add_prompt_options, encode_for_generation, read_prompts
+from dflash.prompts import (PROMPT_FORMAT, add_prompt_options, check_prompt_options,
+                            encode_for_generation, read_prompts)
 from dflash.qwen3 import Qwen3
 from dflash.results import per_position_acceptance
 from dflash.tokenizer import END_OF_TEXT, find_tokenizer, stop_token_ids
@@ -532,6 +533,7 @@ def run(args) -> int:
     inputs = {"--model": args.model, "--draft": args.draft, "--prompts": args.prompts,
               "--engine-acceptance": args.engine_acceptance}
     check_report_output(args.json, "--json", inputs)  # not only after the whole check has run
+    check_prompt_options(args)
     engine = None  # read before any model loads: a bad file costs nothing
     if args.engine_acceptance:
         engine = read_engine_acceptance(Path(args.engine_acceptance))

@@ -22,6 +22,7 @@ import bench_common
 import block_sweep
 import cpu_study
 import drafter_check
+import make_data
 import pass_costs
 from dflash import block_choice, checkpoint
 from dflash.cli import refuse_overlap
@@ -554,3 +555,15 @@ def test_no_tool_touches_anything_on_bad_input(tmp_path, capsys, no_work, monkey
 
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+@pytest.mark.parametrize("program", ["bench", "drafter_check", "make_data"])
+def test_raw_with_thinking_is_refused_by_every_program_that_renders_prompts(program, tmp_path,
+                                                                           capsys):
+    """--raw turns the chat template off and --thinking renders it: a contradiction, refused
+    before any model loads, as generate.py refuses it."""
+    main = {"bench": bench.main, "drafter_check": drafter_check.main, "make_data": make_data.main}
+    argv = ["--raw", "--thinking", "--prompts", str(tmp_path / "p.jsonl")]
+    argv += ["--target", str(tmp_path / "t"), "--out", str(tmp_path / "o.jsonl")] \
+        if program == "make_data" else ["--model", str(tmp_path / "t"), "--draft", str(tmp_path / "d")]
+    refused(main[program], argv, capsys, "--thinking", "--raw")
