@@ -106,17 +106,17 @@ def build_run(cfg: TrainConfig, place: Distributed,
     slot weights of the loss (B,), the recipe's (train.py)."""
     device = place.device
     target, _, drafter, sequences, heldout, continuations = inputs or load_inputs(cfg, place)
+    global_batch = cfg.batch_size * place.world * cfg.grad_accum
+    saved = {"target_config": asdict(target.config), "train_config": asdict(cfg),
+             "drafter_config": drafter.config.to_dict(), "data_sha256": sequences.sha256,
+             "global_batch": global_batch, "save_dtype": save_dtype(cfg, target.head_weight.dtype)}
     drafter.recompute_layers = not cfg.keep_activations
     model = wrap_for_training(drafter.to(device).train(), place, cfg.fsdp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    global_batch = cfg.batch_size * place.world * cfg.grad_accum
     total_steps = cfg.steps or cfg.epochs * steps_per_epoch(len(sequences.starts), global_batch)
     schedule = functools.partial(cosine_with_warmup, total_steps=total_steps, warmup=cfg.warmup)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)  # each step: schedule(step)
     block_size = drafter.config.block_size
-    saved = {"target_config": asdict(target.config), "train_config": asdict(cfg),
-             "drafter_config": drafter.config.to_dict(), "data_sha256": sequences.sha256,
-             "global_batch": global_batch, "save_dtype": save_dtype(cfg, target.head_weight.dtype)}
     run = TrainingRun(cfg, place, target, model, drafter.config, optimizer, scheduler, sequences,
                       slot_weights_for(block_size), saved, global_batch, total_steps,
                       min(total_steps, cfg.stop_at or total_steps),

@@ -454,10 +454,11 @@ def owned_run_folder(out: Path, resume: bool, force: bool, outputs: tuple[str, .
         return
     check_output(out, "--out", folder=True)
     found_lock = (out / LOCK_FILE).exists()  # a run of train.py was here: the folder is a run's
-    locked = out.is_dir() and take_lock(out / LOCK_FILE)
+    if not resume:  # a new run's folder is made now, so that its lock comes first there too
+        out.mkdir(parents=True, exist_ok=True)
+    locked = out.is_dir() and take_lock(out / LOCK_FILE)  # not there: nothing to resume, refused
     try:
         prepare_run_folder(out, resume, force, outputs, found_lock)
-        locked = locked or take_lock(out / LOCK_FILE)  # a new folder: made just now
         yield
     finally:
         if locked:
