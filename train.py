@@ -2,11 +2,13 @@
 
 The data is the target's own answers (`make_data.py`); the frozen target reads each once, and its
 hidden states after `target_layer_ids` are the drafter's context. Each step draws anchors a in the
-answers: the block [x_a, MASK, ..., MASK] at a..a+B-1 is what the drafter sees once x_a is
-verified; all blocks run in one forward, each seeing the context before its anchor and itself
-(`AnchoredBlocks`). Slot k predicts x_{a+k} through the target's LM head, weighted exp(-(k-1)/gamma)
-as a draft counts up to its first miss. A step's loss is the mean over its global batch (processes
-x micro-batches x sequences): torchrun and --grad-accum train the drafter one process trains."""
+answers (`dflash.training.micro_batches` draws a step's sequences, shares them out over processes
+and micro-batches, and anchors them): the block [x_a, MASK, ..., MASK] at a..a+B-1 is what the
+drafter sees once x_a is verified; all blocks run in one forward, each seeing the context before
+its anchor and itself (`AnchoredBlocks`). Slot k predicts x_{a+k} through the target's LM head,
+weighted exp(-(k-1)/gamma) as a draft counts up to its first miss. A step's loss is the mean over
+its global batch (processes x micro-batches x sequences): torchrun and --grad-accum train the
+drafter one process trains."""
 
 from __future__ import annotations
 
@@ -95,7 +97,7 @@ def label_weights(labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return torch.where(labels != IGNORE, weights.to(labels.device)[slots], 0.0)
 
 
-# ------------------------------------------------------------------ a step's batch and its loss
+# ------------------------------------------------------------------ a micro-batch's loss
 
 
 def step_weight(batches: list[MicroBatch], weights: torch.Tensor) -> torch.Tensor:
@@ -197,7 +199,7 @@ def train_step(run: TrainingRun) -> tuple[torch.Tensor, torch.Tensor]:
     step_loss = torch.zeros((), device=place.device)
     for number, batch in enumerate(batches, start=1):
         with gradient_sync(run.model, enabled=number == len(batches)):  # reduce once, the sum
-            loss, correct, counted = batch_loss(run, batch, weight_total)
+            loss, correct, counted = batch_loss(run, batch, weight_total)  # features, then loss
             (loss * place.world).backward()  # DDP and FSDP average over processes: we want the sum
         run.tally.add(loss, correct, counted)
         run.tokens_seen += batch.input_ids.numel()
