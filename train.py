@@ -2,11 +2,13 @@
 
 The data is the target's own answers (`make_data.py`); the frozen target reads each once, and its
 hidden states after `target_layer_ids` are the drafter's context. Each step draws anchors a in the
-answers: the block [x_a, MASK, ..., MASK] at a..a+B-1 is what the drafter sees once x_a is
-verified; all blocks run in one forward, each seeing the context before its anchor and itself
-(`AnchoredBlocks`). Slot k predicts x_{a+k} through the target's LM head, weighted exp(-(k-1)/gamma)
-as a draft counts up to its first miss. A step's loss is the mean over its global batch (processes
-x micro-batches x sequences): torchrun and --grad-accum train the drafter one process trains."""
+answers (`dflash.training.micro_batches` draws a step's sequences, shares them out over processes
+and micro-batches, and anchors them): the block [x_a, MASK, ..., MASK] at a..a+B-1 is what the
+drafter sees once x_a is verified; all blocks run in one forward, each seeing the context before
+its anchor and itself (`AnchoredBlocks`). Slot k predicts x_{a+k} through the target's LM head,
+weighted exp(-(k-1)/gamma) as a draft counts up to its first miss. A step's loss is the mean over
+its global batch (processes x micro-batches x sequences): torchrun and --grad-accum train the
+drafter one process trains."""
 
 from __future__ import annotations
 
@@ -16,16 +18,14 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
 from torch import nn
-from torch.nn.utils.rnn import pad_sequence
 from tqdm import tqdm
 
 from dflash.cli import UsageError, refuse_overlap, run_cli
-from dflash.data import Sequences
 from dflash.drafter import DrafterConfig
 from dflash.evaluation import evaluate
 from dflash.qwen3 import Qwen3, masked
@@ -33,41 +33,18 @@ from dflash.train_config import (  # noqa: F401 (DEFAULT_*, build_drafter_config
     DEFAULT_BLOCK_SIZE, DEFAULT_DRAFTER_LAYERS, MAY_CHANGE_ON_RESUME, TrainConfig, build_parser,
     build_drafter_config, starting_or_resuming)
 from dflash.train_kernels import AnchoredBlocks, chunked_lm_head_loss
-from dflash.train_run import Inputs, Run, load_inputs, start_run as build_run
-from dflash.training import (LOG_FILE, RUN_OUTPUTS, Distributed, LogTally, Signals,  # noqa: F401
-                             anchor_generator, apply_gradients, check_batch, distributed_run,
-                             freeze, full_weights, global_batch_items, gradient_sync,
-                             heldout_shares, init_weights as init_drafter, keep_if_best,
-                             owned_run_folder, save_checkpoint, share_of_batch, what_is_due,
-                             write_log)
+from dflash.train_run import Inputs, TrainingRun, build_run, load_inputs
+from dflash.training import (  # noqa: F401 (batch_anchors, collate...: notebook 4's, the labs')
+    LOG_FILE, RUN_OUTPUTS, Distributed, LogTally, MicroBatch, Signals, apply_gradients,
+    batch_anchors, collate, distributed_run, freeze, full_state_dict, gradient_sync,
+    heldout_batches, init_weights as init_drafter, keep_if_best, micro_batch, micro_batches,
+    owned_run_folder, sample_anchors, save_checkpoint, valid_anchor_positions, what_is_due,
+    write_log)
 
 IGNORE = -100  # cross_entropy's ignore_index: this slot has no label
 
 
 # ------------------------------------------------------------------ the recipe: blocks and labels
-
-
-def valid_anchor_positions(loss_mask: torch.Tensor) -> torch.Tensor:
-    """Where inference drafts a block: x_a and x_{a+1} in the answer (the prefill yields x_a)."""
-    answer = loss_mask == 1
-    return (answer[:-1] & answer[1:]).nonzero()[:, 0]  # (n,): a such that a + 1 < S
-
-
-def sample_anchors(loss_mask: torch.Tensor, num_anchors: int,
-                   generator: torch.Generator) -> torch.Tensor:
-    """Up to `num_anchors` distinct valid anchors, uniformly without replacement, sorted."""
-    valid = valid_anchor_positions(loss_mask)
-    picks = torch.randperm(len(valid), generator=generator)[:num_anchors]
-    return valid[picks.to(valid.device)].sort().values
-
-
-def batch_anchors(loss_mask: torch.Tensor, num_anchors: int, generators: Sequence[torch.Generator]):
-    """Row i's anchors, drawn by `generators[i]`, padded: (batch, K) positions and is-real."""
-    per_row = [sample_anchors(row.cpu(), num_anchors, generator)
-               for row, generator in zip(loss_mask, generators, strict=True)]
-    anchors = pad_sequence(per_row, batch_first=True)  # (batch, K); padding blocks sit at 0
-    real = pad_sequence([torch.ones(len(a), dtype=torch.bool) for a in per_row], batch_first=True)
-    return anchors.to(loss_mask.device), real.to(loss_mask.device)
 
 
 def block_positions(anchors: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -119,52 +96,15 @@ def label_weights(labels: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return torch.where(labels != IGNORE, weights.to(labels.device)[slots], 0.0)
 
 
-# ------------------------------------------------------------------ a step's batch and its loss
+# ------------------------------------------------------------------ a micro-batch's loss
 
 
-def collate(sequences: list[tuple], device) -> tuple[torch.Tensor, ...]:
-    """(input_ids, loss_mask) pairs, lists or arrays, right-padded to the longest: (batch, S) ids
-    and loss mask; the padding's mask 0 keeps it out."""
-    ids, masks = zip(*sequences)
-    return tuple(pad_sequence([torch.tensor(np.asarray(row, dtype=np.int64)) for row in rows],
-                              batch_first=True).to(device) for rows in (ids, masks))  # (batch, S)
-
-
-class MicroBatch(NamedTuple):
-    """Sequences and the blocks drawn in them: what one forward of the drafter trains on."""
-    input_ids: torch.Tensor  # (batch, S)
-    loss_mask: torch.Tensor  # (batch, S): 1 on the answer's tokens
-    anchors: torch.Tensor  # (batch, K): where each block starts
-    real: torch.Tensor  # (batch, K): False for the padding blocks of rows with fewer anchors
-
-
-def micro_batches(data: Sequences, step: int, global_batch: int, cfg: TrainConfig,
-                  place: Distributed) -> list[MicroBatch]:
-    """This process's micro-batches of `step`, anchored. Which sequences, and where their blocks
-    start, depend on the global batch (size, seed, step), not on how processes share it out."""
-    epoch, items = global_batch_items(len(data.starts), global_batch, step, cfg.seed)
-    return [micro_batch(data, indices, epoch, cfg, place.device)
-            for indices in share_of_batch(items, place, cfg.grad_accum)]
-
-
-def micro_batch(data: Sequences, indices: list[int], epoch: int, cfg: TrainConfig, device):
-    """Sequences `indices` of `data`, with their anchors of `epoch`: a MicroBatch."""
-    rows = [slice(data.starts[i], data.starts[i] + data.lengths[i]) for i in indices]
-    sequences = [(data.tokens[row], data.loss_mask[row]) for row in rows]  # read from disk here
-    for i, (ids, mask) in zip(indices, sequences):  # a file changed since it was checked
-        if data.vocab_size is not None:
-            check_batch(ids, mask, data.vocab_size, f"{data.source}: sequence {i}")
-    input_ids, loss_mask = collate(sequences, device)  # (batch, S)
-    generators = [anchor_generator(cfg.seed, epoch, i) for i in indices]
-    anchors, real = batch_anchors(loss_mask, cfg.num_anchors, generators)  # (batch, K) each
-    return MicroBatch(input_ids, loss_mask, anchors, real)
-
-
-def step_weight(batches: list[MicroBatch], weights: torch.Tensor, place: Distributed):
-    """The weight of every labelled slot of a step, over its micro-batches and processes, known
-    before any forward: dividing by it makes each micro-batch's loss its share of the step's."""
-    return place.sum(sum(label_weights(block_labels(*batch, len(weights)), weights).sum()
-                         for batch in batches))
+def step_weight(batches: list[MicroBatch], weights: torch.Tensor) -> torch.Tensor:
+    """The weight of every labelled slot of this process's micro-batches, known before any forward:
+    summed over the processes, dividing by it makes each micro-batch's loss its share of the
+    step's."""
+    return sum(label_weights(block_labels(*batch, len(weights)), weights).sum()
+               for batch in batches)
 
 
 @torch.no_grad()  # the frozen target: its features are an input, not part of the graph
@@ -214,38 +154,33 @@ def drafter_loss(target: Qwen3, drafter: nn.Module, features: torch.Tensor, batc
 # ------------------------------------------------------------------ the run
 
 
-def start_run(cfg: TrainConfig, place: Distributed, inputs: Inputs | None = None) -> Run:
+def start_run(cfg: TrainConfig, place: Distributed, inputs: Inputs | None = None) -> TrainingRun:
     """The run (`dflash.train_run`), its loss weighting the slots as this recipe does."""
     gamma = lambda block: cfg.gamma or gamma_for_block_size(block)  # noqa: E731
     return build_run(cfg, place, lambda block: slot_weights(block, gamma(block)), inputs)
 
 
-def batch_loss(run: Run, batch: MicroBatch, weight_total: torch.Tensor):
+def batch_loss(run: TrainingRun, batch: MicroBatch, weight_total: torch.Tensor):
     """The target's features, then `drafter_loss`: what a step, and the held-out split, compute."""
-    cfg, config = run.cfg, run.config
+    cfg = run.cfg
     distilling = cfg.distill_weight > 0  # then the whole target runs: its last hidden state too
     with torch.autocast("cuda", dtype=torch.bfloat16, enabled=run.place.device.type == "cuda"):
-        outputs = target_features(run.target, batch.input_ids, config, distilling)
+        outputs = target_features(run.target, batch.input_ids, run.drafter_config, distilling)
         features, last_hidden = outputs if distilling else (outputs, None)  # (batch, S, F)
-        return drafter_loss(run.target, run.model, features, batch, config=config,
-                            weights=run.weights, weight_total=weight_total,
+        return drafter_loss(run.target, run.model, features, batch, config=run.drafter_config,
+                            weights=run.slot_weights, weight_total=weight_total,
                             loss_chunk_size=cfg.loss_chunk_size,
                             dense_attention=cfg.dense_attention, target_hidden=last_hidden,
                             distill_weight=cfg.distill_weight)
 
 
 @torch.no_grad()
-def heldout_figures(run: Run) -> dict:
+def heldout_figures(run: TrainingRun) -> dict:
     """The training loss and per-slot accuracy on --heldout's sequences, anchored alike at every
-    evaluation. A collective call: each process runs as many forwards, the one with no sequence
-    left a stand-in that counts nothing (a batch whose blocks are all padding)."""
-    shares = heldout_shares(len(run.heldout.starts), run.cfg.batch_size, run.place)
-    batches = [micro_batch(run.heldout, share or [0], 0, run.cfg, run.place.device)
-               for share in shares]  # [0]: a stand-in, its blocks then made padding
-    batches = [batch if share else batch._replace(real=torch.zeros_like(batch.real))
-               for share, batch in zip(shares, batches)]
-    weight_total = step_weight(batches, run.weights, run.place)
-    tally = LogTally.zeros(run.config.block_size, run.place.device)
+    evaluation. A collective call: each process runs as many forwards (`heldout_batches`)."""
+    batches = heldout_batches(run.heldout, run.cfg, run.place)
+    tally = LogTally.zeros(run.drafter_config.block_size, run.place.device)
+    weight_total = run.place.sum(step_weight(batches, run.slot_weights))  # every process's
     for batch in batches:
         tally.add(*batch_loss(run, batch, weight_total))
     tally.end_step(torch.zeros((), device=run.place.device))
@@ -253,17 +188,17 @@ def heldout_figures(run: Run) -> dict:
     return {"heldout_loss": figures["loss"], "heldout_slot_accuracy": figures["slot_accuracy"]}
 
 
-def train_step(run: Run) -> tuple[torch.Tensor, torch.Tensor]:
+def train_step(run: TrainingRun) -> tuple[torch.Tensor, torch.Tensor]:
     """One optimizer step on the global batch: batch (with its anchors) -> target features ->
     loss -> step. The anchors come with the batch: the step's loss is a mean over the labelled
     slots of every micro-batch, known before the first forward. Returns (loss, gradient norm)."""
     cfg, place = run.cfg, run.place
-    batches = micro_batches(run.sequences, run.step, run.global_batch, cfg, place)
-    weight_total = step_weight(batches, run.weights, place)
+    batches = micro_batches(run.sequences, run.step, run.global_batch, cfg, place)  # anchored
+    weight_total = place.sum(step_weight(batches, run.slot_weights))  # every process's
     step_loss = torch.zeros((), device=place.device)
     for number, batch in enumerate(batches, start=1):
         with gradient_sync(run.model, enabled=number == len(batches)):  # reduce once, the sum
-            loss, correct, counted = batch_loss(run, batch, weight_total)
+            loss, correct, counted = batch_loss(run, batch, weight_total)  # features, then loss
             (loss * place.world).backward()  # DDP and FSDP average over processes: we want the sum
         run.tally.add(loss, correct, counted)
         run.tokens_seen += batch.input_ids.numel()
@@ -275,7 +210,7 @@ def train_step(run: Run) -> tuple[torch.Tensor, torch.Tensor]:
     return step_loss, gradient_norm
 
 
-def checkpoint(run: Run) -> None:
+def checkpoint(run: TrainingRun) -> None:
     """Save the run as it stands at this step, unless saved already (a collective call)."""
     if run.saved_step == run.step:
         return
@@ -285,15 +220,16 @@ def checkpoint(run: Run) -> None:
     run.saved_step, run.last_save = run.step, time.perf_counter()
 
 
-def log_line(run: Run, bar, evaluating: bool) -> dict:
+def log_line(run: TrainingRun, bar, evaluating: bool) -> dict:
     """The log's record of the steps since the last one, with an evaluation when due (a collective
     call); the main process appends it to the log."""
     record = {"step": run.step, "sequences": run.step * run.global_batch,
               **run.tally.pooled(run.place), "lr": run.scheduler.get_last_lr()[0],
               "elapsed": round(run.elapsed(), 2)}
     if evaluating and run.cfg.eval_prompts:
-        weights = full_weights(run.model, run.cfg.fsdp)  # gathered from FSDP2's shards
-        record.update(evaluate(run.target, run.config, weights, run.continuations, run.place))
+        state_dict = full_state_dict(run.model, run.cfg.fsdp)  # gathered from FSDP2's shards
+        record.update(evaluate(run.target, run.drafter_config, state_dict, run.continuations,
+                               run.place))
     if evaluating and run.heldout is not None:
         record.update(heldout_figures(run))
     if run.place.main:

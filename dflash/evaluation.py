@@ -93,15 +93,15 @@ def acceptance_lengths(target: Qwen3, drafter: Drafter, continuation: Continuati
     return lengths
 
 
-def evaluate(target: Qwen3, config: DrafterConfig, weights: dict, heldout: list[Continuation],
-             place: Distributed = Distributed()) -> dict:
+def evaluate(target: Qwen3, config: DrafterConfig, state_dict: dict,
+             continuations: list[Continuation], place: Distributed = Distributed()) -> dict:
     """tau and the per-slot acceptance greedy DFlash would serve, over every process's held-out
-    prompts (a collective call), with the drafter (`config`, its whole `weights`, as
-    `training.full_weights` gathers them) in the target's dtype and on its device, as it is served:
-    its RoPE frequencies stay in float32, as loading keeps them."""
+    prompts (a collective call), with the drafter (`config`, its whole `state_dict`, as
+    `training.full_state_dict` gathers it) in the target's dtype and on its device, as it is
+    served: its RoPE frequencies stay in float32, as loading keeps them."""
     drafter = Drafter(config).to(target.embed_tokens.weight).eval()
-    drafter.load_state_dict(weights)  # cast to the target's dtype
-    lengths = [length for continuation in heldout
+    drafter.load_state_dict(state_dict)  # cast to the target's dtype
+    lengths = [length for continuation in continuations
                for length in acceptance_lengths(target, drafter, continuation)]
     histogram = acceptance_histogram(lengths, config.block_size)  # steps of 1..B tokens
     pooled = place.sum(torch.tensor(histogram, dtype=torch.float64, device=place.device))

@@ -1,5 +1,6 @@
-"""A training run's setup: what it trains with and where it stands (`Run`), built and checked
-before the first step, resumed exactly with --resume (`start_run`). train.py's loop moves it.
+"""A training run's setup: what it trains with and where it stands (`TrainingRun`), built and
+checked before the first step, resumed exactly with --resume (`build_run`). train.py's loop moves
+it.
 
 Kept apart from train.py, whose reader follows the recipe and one step: everything here happens
 once, before the loop.
@@ -30,17 +31,17 @@ from dflash.training import (Distributed, LogTally, cosine_with_warmup, freeze, 
 
 
 @dataclass
-class Run:
-    """What a run trains with and where it stands: built once by `start_run`, moved by the loop."""
+class TrainingRun:
+    """What a run trains with and where it stands: built once by `build_run`, moved by the loop."""
     cfg: TrainConfig
     place: Distributed
     target: Qwen3
     model: nn.Module  # the drafter, wrapped for DDP or FSDP2 under torchrun
-    config: DrafterConfig
+    drafter_config: DrafterConfig  # `cfg` is the run's options, `config` a model's
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     sequences: Sequences  # flat arrays: in memory, or mapped from a packed folder
-    weights: torch.Tensor  # (B,): the slots' weights in the loss
+    slot_weights: torch.Tensor  # (B,): each block slot's weight in the loss
     saved: dict  # what every checkpoint holds beside the states: the configs, the data's hash
     global_batch: int  # sequences per optimizer step
     total_steps: int
@@ -96,29 +97,31 @@ def load_inputs(cfg: TrainConfig, place: Distributed) -> Inputs:
     return Inputs(target, tokenizer, drafter, sequences, heldout, continuations)
 
 
-def start_run(cfg: TrainConfig, place: Distributed,
-              loss_weights: Callable[[int], torch.Tensor], inputs: Inputs | None = None) -> Run:
+def build_run(cfg: TrainConfig, place: Distributed,
+              slot_weights_for: Callable[[int], torch.Tensor],
+              inputs: Inputs | None = None) -> TrainingRun:
     """The run, from its `inputs` (default: `load_inputs`): the drafter wrapped for training, the
     optimizer and its schedule; with --resume, the saved run continued exactly (its folder must
-    then be the run's own: `training.owned_run_folder`). `loss_weights(block_size)`: the slots'
-    weights in the loss (B,), the recipe's (train.py)."""
+    then be the run's own: `training.owned_run_folder`). `slot_weights_for(block_size)`: the
+    slot weights of the loss (B,), the recipe's (train.py)."""
     device = place.device
     target, _, drafter, sequences, heldout, continuations = inputs or load_inputs(cfg, place)
+    global_batch = cfg.batch_size * place.world * cfg.grad_accum
+    saved = {"target_config": asdict(target.config), "train_config": asdict(cfg),
+             "drafter_config": drafter.config.to_dict(), "data_sha256": sequences.sha256,
+             "global_batch": global_batch, "save_dtype": save_dtype(cfg, target.head_weight.dtype)}
     drafter.recompute_layers = not cfg.keep_activations
     model = wrap_for_training(drafter.to(device).train(), place, cfg.fsdp)
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=0.0)
-    global_batch = cfg.batch_size * place.world * cfg.grad_accum
     total_steps = cfg.steps or cfg.epochs * steps_per_epoch(len(sequences.starts), global_batch)
     schedule = functools.partial(cosine_with_warmup, total_steps=total_steps, warmup=cfg.warmup)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)  # each step: schedule(step)
     block_size = drafter.config.block_size
-    weights = loss_weights(block_size)
-    saved = {"target_config": asdict(target.config), "train_config": asdict(cfg),
-             "drafter_config": drafter.config.to_dict(), "data_sha256": sequences.sha256,
-             "global_batch": global_batch, "save_dtype": save_dtype(cfg, target.head_weight.dtype)}
-    run = Run(cfg, place, target, model, drafter.config, optimizer, scheduler, sequences, weights,
-              saved, global_batch, total_steps, min(total_steps, cfg.stop_at or total_steps),
-              LogTally.zeros(block_size, device), continuations=continuations, heldout=heldout)
+    run = TrainingRun(cfg, place, target, model, drafter.config, optimizer, scheduler, sequences,
+                      slot_weights_for(block_size), saved, global_batch, total_steps,
+                      min(total_steps, cfg.stop_at or total_steps),
+                      LogTally.zeros(block_size, device), continuations=continuations,
+                      heldout=heldout)
     if cfg.resume:
         run.step, run.elapsed_before = resume(Path(cfg.out), saved, model, optimizer, scheduler,
                                               place, may_change=MAY_CHANGE_ON_RESUME)

@@ -1,6 +1,13 @@
-"""What a training loop needs around its recipe, for `train.py` and the demo target's trainer; it imports no model:
-Qwen3's initialisation, a place in a torchrun job, a global batch shared out over processes (DDP or FSDP2) and
-micro-batches, the log, an exact resume (atomic writes; Ctrl-C saves first)."""
+"""What a training loop needs around its recipe (train.py's blocks, labels and loss), for
+`train.py` and the demo target's trainer; it imports no model. It holds:
+
+- a process's place in a torchrun job (`Distributed`);
+- a step's batch: which sequences, each process's share cut into micro-batches, and the anchors
+  in them, all fixed by (seed, step) and never by how processes share the step (`micro_batches`);
+- the model around training: initialisation, DDP or FSDP2, gradient sync and clipping, the
+  learning rate's schedule;
+- the run's folder and checkpoints: a lock, exact resume, atomic writes (Ctrl-C saves first);
+- what a step ends with (`what_is_due`) and the log (`LogTally`, `write_log`)."""
 
 from __future__ import annotations
 
@@ -16,12 +23,13 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator, NamedTuple
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.utils.rnn import pad_sequence
 
 from dflash.checkpoint import (SIDE_FILE_LIMIT, check_regular_file, read_jsonl, read_text,
                                remove_partial_writes, save_tensors, write_atomically)
@@ -79,6 +87,66 @@ def distributed_run(device_name: str) -> Iterator[Distributed]:
         dist.destroy_process_group()
 
 
+# ------------------------------------------------ a step's batch: drawn, shared out, anchored
+
+
+class MicroBatch(NamedTuple):
+    """Sequences and the blocks drawn in them: what one forward of the drafter trains on."""
+    input_ids: torch.Tensor  # (batch, S)
+    loss_mask: torch.Tensor  # (batch, S): 1 on the answer's tokens
+    anchors: torch.Tensor  # (batch, K): where each block starts
+    real: torch.Tensor  # (batch, K): False for the padding blocks of rows with fewer anchors
+
+
+def micro_batches(data, step: int, global_batch: int, cfg, place: Distributed) -> list[MicroBatch]:
+    """This process's micro-batches of `step`, anchored (`cfg`: the run's TrainConfig). Which
+    sequences, and where their blocks start, depend on the global batch (size, seed, step), not on
+    how processes share it out."""
+    epoch, items = global_batch_items(len(data.starts), global_batch, step, cfg.seed)
+    return [micro_batch(data, indices, epoch, cfg, place.device)
+            for indices in share_of_batch(items, place, cfg.grad_accum)]
+
+
+def steps_per_epoch(num_items: int, global_batch: int) -> int:
+    """Steps to see every item once, `global_batch` items a step (the last step of an epoch filled
+    from its start)."""
+    return math.ceil(num_items / global_batch)
+
+
+def global_batch_items(num_items: int, global_batch: int, step: int,
+                       seed: int) -> tuple[int, list[int]]:
+    """(epoch, the items of `step`): each epoch shuffled anew and cut into global batches, the last
+    one filled by wrapping to the epoch's start. Only the global batch's size decides them, not how
+    processes share it."""
+    epoch, index = divmod(step, steps_per_epoch(num_items, global_batch))
+    shuffle = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    order = torch.randperm(num_items, generator=shuffle).tolist()
+    return epoch, [order[position % num_items]
+                   for position in range(index * global_batch, (index + 1) * global_batch)]
+
+
+def share_of_batch(items: list[int], place: Distributed, micro_batches: int) -> list[list[int]]:
+    """This process's part of a global batch, every `world`-th item as DistributedSampler strides,
+    cut into `micro_batches` equal micro-batches (the global batch is processes x micro-batches x
+    the batch size)."""
+    mine = items[place.rank::place.world]
+    size = len(mine) // micro_batches
+    return [mine[number * size:(number + 1) * size] for number in range(micro_batches)]
+
+
+def micro_batch(data, indices: list[int], epoch: int, cfg, device) -> MicroBatch:
+    """Sequences `indices` of `data` (a `Sequences`), with their anchors of `epoch`."""
+    rows = [slice(data.starts[i], data.starts[i] + data.lengths[i]) for i in indices]
+    sequences = [(data.tokens[row], data.loss_mask[row]) for row in rows]  # read from disk here
+    for i, (ids, mask) in zip(indices, sequences):  # a file changed since it was checked
+        if data.vocab_size is not None:
+            check_batch(ids, mask, data.vocab_size, f"{data.source}: sequence {i}")
+    input_ids, loss_mask = collate(sequences, device)  # (batch, S)
+    generators = [anchor_generator(cfg.seed, epoch, i) for i in indices]
+    anchors, real = batch_anchors(loss_mask, cfg.num_anchors, generators)  # (batch, K) each
+    return MicroBatch(input_ids, loss_mask, anchors, real)
+
+
 def check_batch(ids: np.ndarray, mask: np.ndarray, vocab_size: int, where: str) -> None:
     """Refuse token ids past the vocabulary and mask values other than 0 and 1 (one max each):
     the embedding would fail on the one, RoPE on the other, far from the file that is wrong."""
@@ -89,55 +157,64 @@ def check_batch(ids: np.ndarray, mask: np.ndarray, vocab_size: int, where: str) 
         raise UsageError(f"{where}: loss mask value {int(mask.max())}, not 0 or 1")
 
 
-def steps_per_epoch(num_items: int, global_batch: int) -> int:
-    """Steps to see every item once, `global_batch` items a step (the last step of an epoch filled from its start)."""
-    return math.ceil(num_items / global_batch)
+def collate(sequences: list[tuple], device) -> tuple[torch.Tensor, ...]:
+    """(input_ids, loss_mask) pairs, lists or arrays, right-padded to the longest: (batch, S) ids
+    and loss mask; the padding's mask 0 keeps it out."""
+    ids, masks = zip(*sequences)
+    return tuple(pad_sequence([torch.tensor(np.asarray(row, dtype=np.int64)) for row in rows],
+                              batch_first=True).to(device) for rows in (ids, masks))  # (batch, S)
 
 
-def global_batch_items(num_items: int, global_batch: int, step: int, seed: int) -> tuple[int, list[int]]:
-    """(epoch, the items of `step`): each epoch shuffled anew and cut into global batches, the last one filled by
-    wrapping to the epoch's start. Only the global batch's size decides them, not how processes share it."""
-    epoch, index = divmod(step, steps_per_epoch(num_items, global_batch))
-    order = torch.randperm(num_items, generator=torch.Generator().manual_seed(seed * 1_000_003 + epoch)).tolist()
-    return epoch, [order[position % num_items] for position in range(index * global_batch, (index + 1) * global_batch)]
+def anchor_generator(seed: int, epoch: int, index: int) -> torch.Generator:
+    """What draws sequence `index`'s anchors in `epoch`: the same whichever process, micro-batch or
+    row the sequence lands in, so how a step is shared out never changes what it computes."""
+    mixed = np.random.SeedSequence([seed % 2**64, epoch, index])  # mixes all three
+    return torch.Generator().manual_seed(int(mixed.generate_state(1, np.uint64)[0]))
+
+
+def batch_anchors(loss_mask: torch.Tensor, num_anchors: int, generators: Sequence[torch.Generator]):
+    """Row i's anchors, drawn by `generators[i]`, padded: (batch, K) positions and is-real."""
+    per_row = [sample_anchors(row.cpu(), num_anchors, generator)
+               for row, generator in zip(loss_mask, generators, strict=True)]
+    anchors = pad_sequence(per_row, batch_first=True)  # (batch, K); padding blocks sit at 0
+    real = pad_sequence([torch.ones(len(a), dtype=torch.bool) for a in per_row], batch_first=True)
+    return anchors.to(loss_mask.device), real.to(loss_mask.device)
+
+
+def sample_anchors(loss_mask: torch.Tensor, num_anchors: int,
+                   generator: torch.Generator) -> torch.Tensor:
+    """Up to `num_anchors` distinct valid anchors, uniformly without replacement, sorted."""
+    valid = valid_anchor_positions(loss_mask)
+    picks = torch.randperm(len(valid), generator=generator)[:num_anchors]
+    return valid[picks.to(valid.device)].sort().values
+
+
+def valid_anchor_positions(loss_mask: torch.Tensor) -> torch.Tensor:
+    """Where inference drafts a block: x_a and x_{a+1} in the answer (the prefill yields x_a)."""
+    answer = loss_mask == 1
+    return (answer[:-1] & answer[1:]).nonzero()[:, 0]  # (n,): a such that a + 1 < S
+
+
+def heldout_batches(data, cfg, place: Distributed) -> list[MicroBatch]:
+    """This process's batches of the held-out split, anchored alike at every evaluation (epoch 0).
+    As many on every process (FSDP2 gathers the weights in each forward): one with no sequence
+    left is a stand-in whose blocks are all padding, so it counts nothing."""
+    batches = []
+    for share in heldout_shares(len(data.starts), cfg.batch_size, place):
+        batch = micro_batch(data, share or [0], 0, cfg, place.device)
+        batches.append(batch if share else batch._replace(real=torch.zeros_like(batch.real)))
+    return batches
 
 
 def heldout_shares(count: int, batch_size: int, place: Distributed) -> list[list[int]]:
     """This process's batches of the `count` held-out items, every `world`-th: as many batches on
-    every process (FSDP2 gathers the weights in each forward), an empty one where it has no item
-    left."""
+    every process, an empty one where it has no item left."""
     mine = list(range(place.rank, count, place.world))
     batches = math.ceil(math.ceil(count / place.world) / batch_size)
     return [mine[number * batch_size:(number + 1) * batch_size] for number in range(batches)]
 
 
-def keep_if_best(out: Path, loss: float, step: int, place: Distributed,
-                 save: Callable[[], None]) -> bool:
-    """Keep step `step`'s checkpoint in best/ if its held-out `loss` is the lowest yet, after
-    `save` has made sure there is one of this step. A collective call: every process agrees (the
-    main one reads best/), and saves with the others."""
-    lowest = best_loss(out) if place.main else None
-    best, = place.any_of(place.main and (lowest is None or loss < lowest))
-    if best:
-        save()
-        if place.main:
-            keep_best(out, step, loss, CHECKPOINT_FILES)
-    return best
-
-
-def share_of_batch(items: list[int], place: Distributed, micro_batches: int) -> list[list[int]]:
-    """This process's part of a global batch, every `world`-th item as DistributedSampler strides, cut into
-    `micro_batches` equal micro-batches (the global batch is processes x micro-batches x the batch size)."""
-    mine = items[place.rank::place.world]
-    size = len(mine) // micro_batches
-    return [mine[number * size:(number + 1) * size] for number in range(micro_batches)]
-
-
-def anchor_generator(seed: int, epoch: int, index: int) -> torch.Generator:
-    """What draws sequence `index`'s anchors in `epoch`: the same whichever process, micro-batch or row the sequence
-    lands in, so how a step is shared out never changes what it computes."""
-    state = np.random.SeedSequence([seed % 2**64, epoch, index]).generate_state(1, np.uint64)[0]  # mixes all three
-    return torch.Generator().manual_seed(int(state))
+# ------------------------------------------------ the model around training: DDP or FSDP2, gradients
 
 
 def wrap_for_training(model: nn.Module, place: Distributed, fsdp: bool) -> nn.Module:
@@ -176,26 +253,74 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model.module if isinstance(model, nn.parallel.DistributedDataParallel) else model
 
 
+@contextmanager
+def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+    """Within the block, DDP all-reduces the gradients only if `enabled`: the micro-batches before a step's last
+    accumulate theirs in place, the last one's backward reduces their sum once. FSDP2 reduce-scatters every
+    micro-batch: each process then only ever holds its shard of the gradient, the memory FSDP is chosen for."""
+    if enabled or not isinstance(model, nn.parallel.DistributedDataParallel):
+        yield
+    else:
+        with model.no_sync():
+            yield
+
+
+def apply_gradients(model: nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float) -> torch.Tensor:
+    """Clip the gradient's norm, update, and clear the gradients for the next step; the norm before clipping."""
+    norm = nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2's is a DTensor
+
+
+def optimizer_step(loss: torch.Tensor, model: nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float) -> None:
+    """Backward, then `apply_gradients`: one batch, one step."""
+    loss.backward()
+    apply_gradients(model, optimizer, grad_clip)
+
+
+def cosine_with_warmup(step: int, total_steps: int, warmup: float) -> float:
+    """The learning rate's multiplier at `step`: linear warm-up over `warmup` of the steps, then cosine down to 0."""
+    warmup_steps = max(1, round(warmup * total_steps))
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def memory_of(device: torch.device) -> int:
+    """Bytes of memory on `device`: the GPU's, or the machine's physical memory."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # no sysconf (Windows): no bound from here
+        return 2**63
+
+
+# ------------------------------------------------ the run's folder: checkpoints, exact resume, the lock
+
+
 def snapshot(model: nn.Module, optimizer, scheduler, place: Distributed, fsdp: bool) -> dict:
     """All a resume needs as plain (unsharded, CPU) tensors and containers, the same however many processes
     wrote it: weights, optimizer, schedule, and every process's random states. A collective call."""
     if fsdp:
         from torch.distributed.checkpoint import state_dict as dcp
         options = dcp.StateDictOptions(full_state_dict=True, cpu_offload=True)
-        weights = dcp.get_model_state_dict(model, options=options)
+        model_state = dcp.get_model_state_dict(model, options=options)
         optimizer_state = dcp.get_optimizer_state_dict(model, optimizer, options=options)
     else:
-        weights = {name: tensor.detach().cpu() for name, tensor in unwrap(model).state_dict().items()}
+        model_state = {name: tensor.detach().cpu() for name, tensor in unwrap(model).state_dict().items()}
         optimizer_state = optimizer.state_dict()
     rng = {"torch": torch.get_rng_state(), "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
     rngs = [rng] * place.world  # every process's, in rank order
     if place.world > 1:
         dist.all_gather_object(rngs, rng)
-    return {"model": weights, "optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "rng": rngs}
+    return {"model": model_state, "optimizer": optimizer_state, "scheduler": scheduler.state_dict(), "rng": rngs}
 
 
-def full_weights(model: nn.Module, fsdp: bool) -> dict[str, torch.Tensor]:
-    """The model's whole weights on every process, FSDP2's shards gathered (a collective call)."""
+def full_state_dict(model: nn.Module, fsdp: bool) -> dict[str, torch.Tensor]:
+    """The model's whole state dict on every process, FSDP2's shards gathered (a collective call)."""
     if not fsdp:
         return unwrap(model).state_dict()
     from torch.distributed.checkpoint import state_dict as dcp
@@ -243,9 +368,9 @@ def save_checkpoint(out: Path, model: nn.Module, optimizer, scheduler, place: Di
                          f"some space, then run the same command with --resume") from None
     try:
         dtype = getattr(torch, run.get("save_dtype", "float32"))  # as served: bf16, say
-        weights = {name: tensor.to(dtype) if tensor.is_floating_point() else tensor
-                   for name, tensor in state["model"].items()}
-        save_tensors(out, weights, run["drafter_config"])
+        served = {name: tensor.to(dtype) if tensor.is_floating_point() else tensor
+                  for name, tensor in state["model"].items()}
+        save_tensors(out, served, run["drafter_config"])
     except OSError as err:
         raise UsageError(f"saving step {step}'s drafter failed ({failure(err)}): its training "
                          f"state is complete; free some space, then run the same command with "
@@ -255,6 +380,20 @@ def save_checkpoint(out: Path, model: nn.Module, optimizer, scheduler, place: Di
     except OSError as err:
         raise UsageError(f"keeping step {step}'s checkpoint in {out / CHECKPOINTS} failed "
                          f"({failure(err)}): {out} holds it, complete") from None
+
+
+def keep_if_best(out: Path, loss: float, step: int, place: Distributed,
+                 save: Callable[[], None]) -> bool:
+    """Keep step `step`'s checkpoint in best/ if its held-out `loss` is the lowest yet, after
+    `save` has made sure there is one of this step. A collective call: every process agrees (the
+    main one reads best/), and saves with the others."""
+    lowest = best_loss(out) if place.main else None
+    best, = place.any_of(place.main and (lowest is None or loss < lowest))
+    if best:
+        save()
+        if place.main:
+            keep_best(out, step, loss, CHECKPOINT_FILES)
+    return best
 
 
 def failure(err: Exception) -> str:
@@ -315,10 +454,11 @@ def owned_run_folder(out: Path, resume: bool, force: bool, outputs: tuple[str, .
         return
     check_output(out, "--out", folder=True)
     found_lock = (out / LOCK_FILE).exists()  # a run of train.py was here: the folder is a run's
-    locked = out.is_dir() and take_lock(out / LOCK_FILE)
+    if not resume:  # a new run's folder is made now, so that its lock comes first there too
+        out.mkdir(parents=True, exist_ok=True)
+    locked = out.is_dir() and take_lock(out / LOCK_FILE)  # not there: nothing to resume, refused
     try:
         prepare_run_folder(out, resume, force, outputs, found_lock)
-        locked = locked or take_lock(out / LOCK_FILE)  # a new folder: made just now
         yield
     finally:
         if locked:
@@ -412,16 +552,6 @@ def process_alive(pid: int) -> bool:
     return True
 
 
-def memory_of(device: torch.device) -> int:
-    """Bytes of memory on `device`: the GPU's, or the machine's physical memory."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # no sysconf (Windows): no bound from here
-        return 2**63
-
-
 def save_training_state(path: Path, state: dict) -> None:
     """Write what a resume needs, atomically: a crash mid-write leaves the previous state whole."""
     def write(tmp: str) -> None:
@@ -464,6 +594,9 @@ def logged_step(record, where: str) -> int:
     if type(step) is not int:  # a `true` is no step
         raise UsageError(f"{where}: no integer 'step' (not a line of train.py's log)")
     return step
+
+
+# ------------------------------------------------ what a step ends with, and the log
 
 
 class Signals:
@@ -545,32 +678,6 @@ def what_is_due(run, signals: Signals, loss: torch.Tensor, gradient_norm: torch.
     return Due(stop, signaled, save, step % cfg.log_every == 0 or stop or evaluating, evaluating)
 
 
-@contextmanager
-def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
-    """Within the block, DDP all-reduces the gradients only if `enabled`: the micro-batches before a step's last
-    accumulate theirs in place, the last one's backward reduces their sum once. FSDP2 reduce-scatters every
-    micro-batch: each process then only ever holds its shard of the gradient, the memory FSDP is chosen for."""
-    if enabled or not isinstance(model, nn.parallel.DistributedDataParallel):
-        yield
-    else:
-        with model.no_sync():
-            yield
-
-
-def apply_gradients(model: nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float) -> torch.Tensor:
-    """Clip the gradient's norm, update, and clear the gradients for the next step; the norm before clipping."""
-    norm = nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2's is a DTensor
-
-
-def optimizer_step(loss: torch.Tensor, model: nn.Module, optimizer: torch.optim.Optimizer, grad_clip: float) -> None:
-    """Backward, then `apply_gradients`: one batch, one step."""
-    loss.backward()
-    apply_gradients(model, optimizer, grad_clip)
-
-
 def estimated_tau(correct: torch.Tensor, counted: torch.Tensor) -> float:
     """A cheap stand-in for tau, 1 + sum_k prod_{i<=k} acc_i over slots 1..B-1: a trend, not a tau, since it treats
     hits as independent and real blocks start right after a miss (tutorial 04, section 7, measures the gap)."""
@@ -635,12 +742,3 @@ def write_log(log_path: Path, record: dict, bar, tokens_per_second: float) -> No
     if "heldout_loss" in record:
         shown["heldout_loss"] = f"{record['heldout_loss']:.3f}"
     bar.set_postfix(shown)
-
-
-def cosine_with_warmup(step: int, total_steps: int, warmup: float) -> float:
-    """The learning rate's multiplier at `step`: linear warm-up over `warmup` of the steps, then cosine down to 0."""
-    warmup_steps = max(1, round(warmup * total_steps))
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
-    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))

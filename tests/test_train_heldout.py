@@ -99,7 +99,7 @@ def test_the_logged_figures_are_the_training_loss_over_the_held_out_sequences(js
     correct, counted = torch.zeros(4), torch.zeros(4)
     for i in range(len(run.heldout.starts)):
         batch = train.micro_batch(run.heldout, [i], 0, cfg, "cpu")
-        weight = train.label_weights(train.block_labels(*batch, 4), run.weights).sum()
+        weight = train.label_weights(train.block_labels(*batch, 4), run.slot_weights).sum()
         with torch.no_grad():
             loss, hits, slots = train.batch_loss(run, batch, None)
         loss_sum, weight_sum = loss_sum + loss.item() * weight.item(), weight_sum + weight.item()
