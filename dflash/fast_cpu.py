@@ -28,10 +28,10 @@ def decode_weight_bytes(target: Qwen3) -> int:
     whole matrix, and one row of the embedding. Tied, the head's matrix is the embedding's, read
     once by the head; untied, the embedding's other rows are never read."""
     bytes_of = lambda tensor: tensor.numel() * tensor.element_size()  # noqa: E731
-    embedding = target.embed_tokens.weight
-    total = sum(bytes_of(p) for p in target.parameters()) - bytes_of(embedding)
-    return total + bytes_of(target.head_weight) + (bytes_of(embedding[0])
-                                                   if target.lm_head is not None else 0)
+    every, embedding = sum(bytes_of(p) for p in target.parameters()), target.embed_tokens.weight
+    if target.lm_head is None:  # tied: the head reads the embedding's matrix whole
+        return every
+    return every - bytes_of(embedding) + bytes_of(embedding[0])
 
 
 def least_seconds(run: Callable[[], object], rounds: int, clock: Callable[[], float]) -> float:
