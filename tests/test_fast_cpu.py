@@ -45,8 +45,9 @@ def test_read_bandwidth_keeps_the_faster_probe():
 
 
 def test_runner_options_name_the_frozen_backend():
-    assert fast_cpu.runner_options(False) == {}
+    assert fast_cpu.runner_options(False) == {"compile": False}
     assert fast_cpu.runner_options(True) == {"compile": True, "backend": FROZEN}
+    assert fast_cpu.runner_options(True, "cuda") == {"compile": True, "mode": "reduce-overhead"}
 
 
 @torch.no_grad()
