@@ -489,6 +489,9 @@ def markdown(report: dict, block_size: int) -> str:
               f"drafts each step keeps (foreseeing), block {row['foreseeing']['block']}: "
               f"{row['foreseeing']['over_full_block']:.2f}x the full block's tokens/s"
               for row in report["rows"] if "foreseeing" in row]
+    lines += [f"- {row['shape']} {row['dtype']}, {row['threads']} thread(s), compiled: the "
+              f"passes' first calls (compiling) took {row['first_calls_s']:.0f} s"
+              for row in report["rows"] if row["compiled"]]
     lines += [f"- skipped {s['shape']} {s['dtype']}: {s['reason']}" for s in report["skipped"]]
     return "\n".join(lines) + "\n"
 
