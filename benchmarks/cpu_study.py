@@ -5,6 +5,7 @@
     python benchmarks/cpu_study.py --shapes Qwen3-4B --new-tokens 32 --tokens 2,4,8,12,16
     python benchmarks/cpu_study.py --dtype float32 --measure-blocks 8,12 --clock wall
     python benchmarks/cpu_study.py --shapes tiny --rounds 1     # seconds: checks that it runs
+    python benchmarks/cpu_study.py --dtype float32 --tokens 16 --compile   # the fast path
 
 Each shape is a target with random weights in the official layout (nothing is downloaded) and a
 drafter of the authors' kind (5 layers of the target's width, block 16), built straight in the
@@ -26,6 +27,11 @@ dtype asked for. For each shape, dtype and thread count:
    (draft(B) + verify(B)); and a sweep over blocks: each block n's predicted speedup from its
    passes' costs (as timed, and from the fitted lines) and the same p, and the best block.
    --measure-blocks runs the DFlash loop at other blocks too, to check the sweep.
+
+Every row carries the memory floor (dflash/fast_cpu.py): the weight bytes a decode reads, the read
+bandwidth measured in the same run, floor_ms and decode_of_floor (floor_ms / decode_ms). --compile
+runs the passes and the loops compiled, inductor with the weights frozen; the pass costs and the
+loops share each compiled graph (one buffer length), and first_calls_s is the compiling's time.
 
 Speedups compare the time after the first token (a prefill, timed on its own, is taken off both
 loops' times); tokens/s are on the same basis. With one thread the clock is the process's CPU time
