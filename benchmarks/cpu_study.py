@@ -5,6 +5,7 @@
     python benchmarks/cpu_study.py --shapes Qwen3-4B --new-tokens 32 --tokens 2,4,8,12,16
     python benchmarks/cpu_study.py --dtype float32 --measure-blocks 8,12 --clock wall
     python benchmarks/cpu_study.py --shapes tiny --rounds 1     # seconds: checks that it runs
+    python benchmarks/cpu_study.py --dtype float32 --tokens 16 --compile   # the fast path
 
 Each shape is a target with random weights in the official layout (nothing is downloaded) and a
 drafter of the authors' kind (5 layers of the target's width, block 16), built straight in the
@@ -26,6 +27,11 @@ dtype asked for. For each shape, dtype and thread count:
    (draft(B) + verify(B)); and a sweep over blocks: each block n's predicted speedup from its
    passes' costs (as timed, and from the fitted lines) and the same p, and the best block.
    --measure-blocks runs the DFlash loop at other blocks too, to check the sweep.
+
+Every row carries the memory floor (dflash/fast_cpu.py): the weight bytes a decode reads, the read
+bandwidth measured in the same run, floor_ms and decode_of_floor (floor_ms / decode_ms). --compile
+runs the passes and the loops compiled, inductor with the weights frozen; the pass costs and the
+loops share each compiled graph (one buffer length), and first_calls_s is the compiling's time.
 
 Speedups compare the time after the first token (a prefill, timed on its own, is taken off both
 loops' times); tokens/s are on the same basis. With one thread the clock is the process's CPU time
@@ -52,6 +58,7 @@ from tqdm import tqdm
 import bench_train
 import generate
 from bench_common import check_report_output, least_time, write_report
+from dflash import fast_cpu
 from dflash.cli import OneLineErrors, UsageError, checked
 from dflash.cli import CORES, positive_int, run_cli, seed, thread_count
 from dflash.block_choice import acceptance_for, best_block, fit_line, geometric
@@ -186,22 +193,28 @@ def forced_drafts(runner: generate.ModelRunner, truth: Sequence[int], plan: Iter
 
 
 def pass_costs(target: Qwen3, drafter: Drafter, tokens: Sequence[int], context: int, rounds: int,
-               repeats: int, clock: Callable[[], float]) -> dict:
-    """Milliseconds of a decode and of the verify and draft of each n in `tokens`; fitted lines."""
-    plain = generate.ModelRunner(target, None, max_length=context + 64)
+               repeats: int, clock: Callable[[], float], slots: int, compile: bool = False) -> dict:
+    """Milliseconds of a decode and of the verify and draft of each n in `tokens`; fitted lines.
+    The runners have the loops' `slots`, so that compiled (`compile`) they share the loops' graphs.
+    Compiled, `first_calls_s` is the wall time of every pass's first call: the compiling."""
+    options = fast_cpu.runner_options(compile)
+    plain = generate.ModelRunner(target, None, max_length=slots, **options)
     plain.prefill(torch.arange(2, context + 2), 0.0, None)
     loops = {"plain": {"decode": lambda: plain.decode(1, 0.0, None)}}
     for n in tokens:
-        runner = runner_at(target, drafter, n, context, False)
-        loops[f"block {n}"] = pass_calls(runner, n, context, "eager")
+        runner = runner_at(target, drafter, n, context, compile, slots, **options)
+        loops[f"block {n}"] = pass_calls(runner, n, context, "pass")
+    first_calls = {name: clocked(time.perf_counter, job)[1]
+                   for loop in loops.values() for name, job in loop.items()}
     seconds = least_time(loops, rounds, repeats, clock)
     ms = {name: 1e3 * spent for name, spent in seconds.items()}
-    verify = {n: ms[f"eager verify {n}"] for n in tokens}
-    draft = {n: ms[f"eager draft {n}"] for n in tokens}
+    verify = {n: ms[f"pass verify {n}"] for n in tokens}
+    draft = {n: ms[f"pass draft {n}"] for n in tokens}
     fits = {name: fit_line(list(costs.items()))
             for name, costs in (("verify", verify), ("draft", draft))} if len(tokens) > 1 else {}
     return {"decode_ms": ms["decode"], "verify_ms": verify, "draft_ms": draft,
-            "verify_fit_ms": fits.get("verify"), "draft_fit_ms": fits.get("draft")}
+            "verify_fit_ms": fits.get("verify"), "draft_fit_ms": fits.get("draft"),
+            "first_calls_s": sum(first_calls.values())}
 
 
 def self_consistent_truth(target: Qwen3, drafter: Drafter, runner: generate.ModelRunner,
@@ -238,25 +251,27 @@ def clocked(clock: Callable[[], float], run: Callable[[], object]) -> tuple[obje
 
 def time_loops(target: Qwen3, drafter: Drafter, context: int, new_tokens: int,
                blocks: Sequence[int], p: float, rounds: int, seed: int,
-               clock: Callable[[], float], foresee: int | None = None) -> dict:
+               clock: Callable[[], float], foresee: int | None = None,
+               compile: bool = False) -> dict:
     """The plain loop and DFlash at each of `blocks` on one random prompt, in turns, the least time
     of `rounds` runs each; DFlash with the forced acceptance (the same per-slot p at every block).
     A prefill, timed on its own, is taken off every loop: the time after the first token is what
     DFlash changes. Returns the plain loop's tokens/s and, by block, DFlash's figures; `foresee`
-    (a block): also that block verifying only the drafts each step keeps."""
+    (a block): also that block verifying only the drafts each step keeps. `compile`: the
+    runners' passes compiled, the fast path's (dflash/fast_cpu.py)."""
     generator = torch.Generator().manual_seed(seed)
     vocab = target.config.vocab_size
     prompt = torch.randint(0, vocab - 1, (context,), generator=generator).tolist()  # no mask token
     limit = new_tokens + max(blocks)  # the truth reaches past the timed runs' last block
-    slots = context + limit + max(blocks)
-    plain_runner = generate.ModelRunner(target, None, max_length=slots)
+    slots, options = loop_slots(context, new_tokens, blocks), fast_cpu.runner_options(compile)
+    plain_runner = generate.ModelRunner(target, None, max_length=slots, **options)
     plain_truth = generate.generate_autoregressive(target, prompt, limit, runner=plain_runner)
     runs = {"prefill": lambda: plain_runner.prefill(prompt, 0.0, None),
             "plain": lambda: generate.generate_autoregressive(target, prompt, new_tokens,
                                                               runner=plain_runner)}
     plans, truths = {}, {}
     for n in blocks:
-        runner = generate.ModelRunner(target, drafter, max_length=slots, block_size=n)
+        runner = generate.ModelRunner(target, drafter, max_length=slots, block_size=n, **options)
         plans[n] = functools.partial(planned_acceptance, p, n)  # a fresh plan for every run
         truths[n] = self_consistent_truth(target, drafter, runner, prompt,
                                           prompt + plain_truth.new_ids, limit, plans[n])
@@ -295,6 +310,12 @@ def time_loops(target: Qwen3, drafter: Drafter, context: int, new_tokens: int,
             "prefill_ms": 1e3 * seconds["prefill"], "blocks": by_block, **seen}
 
 
+def loop_slots(context: int, new_tokens: int, blocks: Sequence[int]) -> int:
+    """The cache slots of the loops' runners: the prompt, the truth's reach past the tokens timed
+    (`time_loops`) and a block's room."""
+    return context + new_tokens + 2 * max(blocks)
+
+
 def block_sweep(costs: dict, p: float, fitted: bool = False) -> dict[int, float]:
     """Each block n's predicted speedup: its tokens per step under the same per-slot p, times a
     decode, over its draft and verify: as timed, or (`fitted`, every block from 2 up) from the
@@ -315,15 +336,21 @@ def study_row(target, drafter, args, shape: str, dtype: str, threads: int, progr
     torch.set_num_threads(threads)
     clock = clock_for(args.clock, threads)
     load_before, began = load_average(), time.perf_counter()
+    progress.set_postfix_str(f"{shape} {dtype} {threads} thread(s): read bandwidth")
+    bandwidth = fast_cpu.read_bandwidth(args.pass_rounds + 2, CLOCKS[clock])
     progress.set_postfix_str(f"{shape} {dtype} {threads} thread(s): pass costs")
+    blocks = sorted({args.block_size, *args.measure_blocks})
+    slots = loop_slots(args.context, args.new_tokens, blocks)
     costs = pass_costs(target, drafter, args.tokens, args.context, args.pass_rounds,
-                       args.pass_repeats, CLOCKS[clock])
+                       args.pass_repeats, CLOCKS[clock], slots, args.compile)
+    floor = fast_cpu.floor_fields(fast_cpu.decode_weight_bytes(target),
+                                  bandwidth["read_gb_per_s"], costs["decode_ms"])
     progress.update()
     p = acceptance_for(args.tau, args.block_size)
     progress.set_postfix_str(f"{shape} {dtype} {threads} thread(s): the loops")
-    blocks = sorted({args.block_size, *args.measure_blocks})
     loops = time_loops(target, drafter, args.context, args.new_tokens, blocks, p, args.rounds,
-                       args.seed, CLOCKS[clock], args.block_size if args.foresee else None)
+                       args.seed, CLOCKS[clock], args.block_size if args.foresee else None,
+                       args.compile)
     progress.update()
     for n, figures in loops["blocks"].items():  # the cost model at the tokens per step measured
         figures["predicted_speedup"] = figures["tokens_per_step"] * costs["decode_ms"] / (
@@ -337,7 +364,9 @@ def study_row(target, drafter, args, shape: str, dtype: str, threads: int, progr
         fitted_sweep = {"block_sweep_fitted": fitted,
                         "best_block_fitted": max(fitted, key=fitted.get), "auto_block": auto}
     return {"shape": shape, "dtype": dtype, "threads": threads, "clock": clock,
+            "compiled": args.compile,
             "parameters_b": sum(x.numel() for x in target.parameters()) / 1e9, **costs,
+            **floor, "bandwidth_probes": bandwidth,
             "plain_tokens_per_s": loops["plain_tokens_per_s"], "prefill_ms": loops["prefill_ms"],
             **loops["blocks"][args.block_size], "measured_blocks": loops["blocks"],
             **{key: loops[key] for key in ("foreseeing",) if key in loops},
@@ -392,11 +421,24 @@ def too_large(args, shape: str, dtype: str) -> str | None:
     per_slot *= config.num_hidden_layers + DRAFTER_LAYERS
     runners = 1 + len(args.tokens) + len(args.measure_blocks) + 2  # + --block-size, --foresee
     caches = per_slot * positions_used(args) * runners
-    need, free = weight_bytes(target, drafter) + caches, available_bytes()
+    need = weight_bytes(target, drafter) + caches + frozen_copies(args, target, drafter)
+    free = available_bytes()
     if free is None or need <= MEMORY_SHARE * free:
         return None
-    return (f"needs {need / 2**30:.1f} GiB (weights and caches of {positions_used(args)} "
+    frozen = ", the compiled graphs' frozen weights" if args.compile else ""
+    return (f"needs {need / 2**30:.1f} GiB (weights{frozen} and caches of {positions_used(args)} "
             f"positions), {free / 2**30:.1f} GiB available")
+
+
+def frozen_copies(args, target: Qwen3, drafter: Drafter) -> int:
+    """Compiled (`--compile`), the bytes of the weights the graphs hold: each graph freezes its own
+    copy, laid out for the matmul library. One decode, and per n in --tokens a verify (the
+    target's) and a draft (the drafter's and the LM head's); the loops reuse them."""
+    if not args.compile:
+        return 0
+    head = target.head_weight.numel() * target.head_weight.element_size()
+    return weight_bytes(target) * (1 + len(args.tokens)) + (
+        weight_bytes(drafter) + head) * len(args.tokens)
 
 
 def conditions(args) -> dict:
@@ -404,7 +446,9 @@ def conditions(args) -> dict:
             "new_tokens": args.new_tokens, "block_size": args.block_size, "tau_model": args.tau,
             "acceptance_model": "geometric per slot, cut at the block; golden-ratio draws",
             "pass_rounds": args.pass_rounds, "pass_repeats": args.pass_repeats,
-            "loop_rounds": args.rounds, "timing": "eager passes, batch 1, random weights in the "
+            "loop_rounds": args.rounds, "compiled": args.compile,
+            "backend": fast_cpu.runner_options(args.compile).get("backend", "eager"),
+            "timing": "batch 1, random weights in the "
             "official shapes; the least time over rounds, on each row's clock (cpu: the process's "
             "CPU time; wall: wall time)", "load_average_at_start": load_average()}
 
@@ -420,16 +464,20 @@ def markdown(report: dict, block_size: int) -> str:
     lines = [f"CPU: {cpu['model']} ({cpu['logical_cpus']} logical CPUs; bf16 flags: {native}), "
              f"torch {where['torch']}, context {where['context']}, {where['new_tokens']} new "
              f"tokens, block {b}, tau model {where['tau_model']}", "",
-             f"| shape | dtype | threads (clock) | decode ms | verify {b} / decode | draft {b} / "
+             f"| shape | dtype | threads (clock) | compiled | decode ms | floor ms (GB/s) | "
+             f"decode of floor | verify {b} / decode | draft {b} / "
              "decode | verify fit ms (a + b n) | tau | plain tok/s | DFlash tok/s | predicted | "
              "measured | best block (fitted costs) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in report["rows"]:
         decode, fit = row["decode_ms"], row["verify_fit_ms"]
         fitted = f"{fit['overhead']:.0f} + {fit['per_token']:.1f} n" if fit else "-"
         sweep = row.get("block_sweep_fitted", row["block_sweep"])
         best = row.get("best_block_fitted", row["best_block"])
-        cells = [row["shape"], row["dtype"], f"{row['threads']} ({row['clock']})", f"{decode:.1f}",
+        cells = [row["shape"], row["dtype"], f"{row['threads']} ({row['clock']})",
+                 "yes" if row["compiled"] else "no", f"{decode:.1f}",
+                 f"{row['floor_ms']:.1f} ({row['read_gb_per_s']:.1f})",
+                 f"{row['decode_of_floor']:.0%}",
                  f"{row['verify_ms'][b] / decode:.2f}", f"{row['draft_ms'][b] / decode:.2f}",
                  fitted, f"{row['tau']:.2f}", f"{row['plain_tokens_per_s']:.2f}",
                  f"{row['dflash_tokens_per_s']:.2f}", f"{row['predicted_speedup']:.2f}x",
@@ -447,6 +495,9 @@ def markdown(report: dict, block_size: int) -> str:
               f"drafts each step keeps (foreseeing), block {row['foreseeing']['block']}: "
               f"{row['foreseeing']['over_full_block']:.2f}x the full block's tokens/s"
               for row in report["rows"] if "foreseeing" in row]
+    lines += [f"- {row['shape']} {row['dtype']}, {row['threads']} thread(s), compiled: the "
+              f"passes' first calls (compiling) took {row['first_calls_s']:.0f} s"
+              for row in report["rows"] if row["compiled"]]
     lines += [f"- skipped {s['shape']} {s['dtype']}: {s['reason']}" for s in report["skipped"]]
     return "\n".join(lines) + "\n"
 
@@ -507,6 +558,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--clock", choices=["auto", "cpu", "wall"], default="auto",
                    help="what a time is: the process's CPU time or wall time (default auto: CPU "
                    "time for one thread, which a busy neighbour does not inflate; wall for more)")
+    p.add_argument("--compile", action="store_true",
+                   help="the passes and the loops compiled, the fast CPU path: inductor with the "
+                   "weights frozen (dflash/fast_cpu.py); each n of --tokens compiles its own "
+                   "verify and draft (minutes each at real sizes): give few, e.g. --tokens 16")
     p.add_argument("--seed", type=seed, default=0, help="the random prompt's (default 0)")
     p.add_argument("--json", type=Path, help="write {conditions, rows, skipped} to this file")
     return p

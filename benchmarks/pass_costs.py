@@ -29,9 +29,18 @@ from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
 
 
-def runner_at(target: Qwen3, drafter: Drafter, tokens: int, context: int, compiled: bool) -> generate.ModelRunner:
-    """A runner for blocks of `tokens`, its caches filled with a `context`-token prompt and its first draft."""
-    return steady_runner(generate.ModelRunner, target, drafter, tokens, context, compiled)
+def runner_at(target: Qwen3, drafter: Drafter, tokens: int, context: int, compiled: bool,
+              max_length: int | None = None, **options) -> generate.ModelRunner:
+    """A runner for blocks of `tokens`, its caches filled with a `context`-token prompt and its first draft.
+    `max_length`: its buffers' (default: the context and 64 slots), which a compiled pass's graph
+    follows: a benchmark whose loops use the same length compiles each pass once for both.
+    `options`: ModelRunner's others (a backend)."""
+    length = max_length
+
+    def runner_class(*args, max_length: int, **given):  # steady_runner's length, or ours
+        return generate.ModelRunner(*args, **{**given, **options, "max_length": length or max_length})
+
+    return steady_runner(runner_class, target, drafter, tokens, context, compiled)
 
 
 def pass_calls(runner: generate.ModelRunner, tokens: int, context: int, label: str) -> dict[str, Callable]:

@@ -5,6 +5,9 @@
 (block size, tree budget, buffer length), except the cache slots its attention reads: reading the
 whole buffer would be one shape, but every token of a block scores every key read. So the cache
 is read up to a bucket (`keys_bucket`), and each bucket gets its own compiled copy.
+
+On a CPU, `FROZEN` compiles with inductor's `freezing`: the weights become the graph's constants,
+laid out once for the matmul library (dflash/fast_cpu.py measures what that pays).
 """
 
 from __future__ import annotations
@@ -16,6 +19,9 @@ from typing import Callable
 import torch
 
 
+FROZEN = "inductor-frozen"  # a backend name: inductor, the weights frozen into each graph
+
+
 @functools.cache
 def compiled_copy(function: Callable, shape: tuple, keys: int, backend,
                   mode: str | None) -> Callable:
@@ -24,7 +30,23 @@ def compiled_copy(function: Callable, shape: tuple, keys: int, backend,
     copy = types.FunctionType(function.__code__.replace(), function.__globals__, function.__name__,
                               function.__defaults__, function.__closure__)
     copy.__kwdefaults__ = function.__kwdefaults__
-    return torch.compile(copy, backend=backend, mode=mode, fullgraph=True, dynamic=False)
+    if backend != FROZEN:
+        return torch.compile(copy, backend=backend, mode=mode, fullgraph=True, dynamic=False)
+    return frozen(torch.compile(copy, backend="inductor", mode=mode, fullgraph=True,
+                                dynamic=False))
+
+
+def frozen(compiled: Callable) -> Callable:
+    """`compiled`, called with inductor's `freezing` on: dynamo reads it as it traces (the first
+    call of a shape), to keep the weights out of the graph's inputs. Frozen graphs read the weights
+    as they were then (each graph its own copy, laid out for the matmul library): for inference
+    under `torch.no_grad()` only, on weights that no longer change."""
+    @functools.wraps(compiled)
+    def call(*args, **kwargs):
+        with torch._inductor.config.patch(freezing=True):
+            return compiled(*args, **kwargs)
+
+    return call
 
 
 def keys_bucket(needed: int, max_length: int) -> int:

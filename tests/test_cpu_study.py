@@ -50,6 +50,7 @@ def test_the_study_on_the_tiny_shape(tmp_path, capsys):
     assert report["conditions"]["cpu"]["logical_cpus"] >= 1 and report["skipped"] == []
     (row,) = report["rows"]
     for key in ("shape", "dtype", "threads", "decode_ms", "verify_ms", "draft_ms", "tau",
+                "weight_bytes", "read_gb_per_s", "floor_ms", "decode_of_floor",
                 "predicted_speedup", "measured_speedup", "verify_fit_ms", "block_sweep",
                 "best_block", "plain_tokens_per_s", "dflash_tokens_per_s", "load_average_before",
                 "load_average_after"):
@@ -61,6 +62,14 @@ def test_the_study_on_the_tiny_shape(tmp_path, capsys):
     assert row["best_block"] in (2, 8, 16)  # of those timed
     assert 2 <= row["best_block_fitted"] <= 16  # of every block the fitted lines predict
     assert row["clock"] == "cpu"  # one thread: the process's CPU time
+    # The floor: the target's weights (tied: the head is the embedding) read at the probes' speed
+    target, _ = cpu_study.random_pair(cpu_study.SHAPES["tiny"], torch.float32, 16)
+    assert row["weight_bytes"] == 4 * sum(p.numel() for p in target.parameters())
+    probes = row["bandwidth_probes"]
+    assert row["read_gb_per_s"] == max(probes["sum_gb_per_s"], probes["gemv_gb_per_s"]) > 0
+    assert row["floor_ms"] == pytest.approx(row["weight_bytes"] / row["read_gb_per_s"] / 1e6)
+    assert row["decode_of_floor"] == pytest.approx(row["floor_ms"] / row["decode_ms"])
+    assert row["compiled"] is False and report["conditions"]["backend"] == "eager"
     costs = [row["decode_ms"], *row["verify_ms"].values(), *row["draft_ms"].values()]
     assert min(costs) > 0
     # The forcing worked: in float32 the loop kept exactly the drafts the plan said.
