@@ -287,3 +287,17 @@ def test_a_stub_keeps_the_signature_and_decorators_whatever_they_are():
     student_copy.CAPSTONE_ANSWERS["x.py"] = {"f": "09_capstone"}
     with pytest.raises(student_copy.CannotCopy, match="its own"):
         student_copy.without_answers("def f(): return 1\n", "x.py")
+
+
+def test_check_setup_in_the_copy_says_the_loop_is_the_students_to_write(course):
+    """The setup check runs in the copy, its DFlash loop a stub: the plain loop is checked, and
+    the lab graded is the unwritten starter."""
+    environment = dict(os.environ, PYTHONPATH=str(course))  # as after pip install -e . there
+    done = subprocess.run([sys.executable, "tutorials/check_setup.py"], cwd=course,
+                          env=environment, capture_output=True, text=True, timeout=600)
+    lines = {line[6:].split(":")[0]: line for line in done.stdout.splitlines()}
+    assert done.stderr == "", done.stderr[-2000:]
+    assert lines["demo pair"].startswith("ok    ") and "yours to write (lab 09_capstone)" in \
+        lines["demo pair"], done.stdout
+    assert lines["one lab"].startswith("ok    one lab: lab 01_rmsnorm's grader runs, and fails"), \
+        done.stdout
