@@ -152,10 +152,15 @@ for call in (lambda: generate.generate_dflash(target, None, [1], 4),
         assert line.endswith(f"write it in tutorials/labs/{lab}/starter.py"), line
 
 
-# Labs whose graders compute their reference with the project's loop, which the copy stubs: in the
-# copy they fail on the stub's line, written or not, until the graders get their reference another
-# way (a known gap: see tutorials/README.md's "The student copy").
+# Labs whose graders run the project's loop (generate_dflash, generate_dflash_tree), which the copy
+# stubs: to compute a reference, to plug the student's piece in, or in the starter itself. In the
+# copy they fail on the stub's line even once written, until the graders get the loop another way
+# (a known gap: tutorials/README.md's "The student copy"). Unwritten, the first three reach it
+# before the starter.
 GRADED_WITH_THE_LOOP = {"06_tau_conventions", "09_capstone", "09_capstone_tree"}
+RUN_THE_LOOP = GRADED_WITH_THE_LOOP | {
+    "01_rmsnorm", "01_rope", "02_one_hot_acceptance", "02_tau_past_the_end", "03_one_layer",
+    "03_zero_context", "07_ancestor_mask", "07_best_first_tree"}
 
 
 def test_every_lab_in_the_copy_fails_until_written(course):
@@ -179,6 +184,29 @@ def test_every_lab_in_the_copy_fails_until_written(course):
     stubbed = {name[len("test_"):] for name, report in zip(sections[1::2], sections[2::2])
                if "NotImplementedError: generate_dflash" in report}
     assert stubbed == {lab[3:] for lab in GRADED_WITH_THE_LOOP}, output[-3000:]
+
+
+def test_the_answers_written_in_the_copy_pass_but_where_a_grader_runs_the_stubbed_loop(course,
+                                                                                   tmp_path):
+    """Each lab's reference answer, written into a copy's starter, passes there, except the labs
+    whose graders need the project's loop (RUN_THE_LOOP): they fail on the stub's line. When a
+    grader stops needing it, this fails until RUN_THE_LOOP drops it."""
+    written = tmp_path / "course"
+    shutil.copytree(course, written)
+    for lab in LABS.iterdir():
+        if lab.is_dir() and (lab / "solution.py").is_file():
+            shutil.copyfile(lab / "solution.py", written / "tutorials/labs" / lab.name / "starter.py")
+    environment = {name: value for name, value in os.environ.items()
+                   if name not in ("DFLASH_LABS", "PYTHONPATH")}
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tutorials/labs"],
+        cwd=written, env=environment, capture_output=True, text=True, timeout=900)
+    output = done.stdout + done.stderr
+    sections = re.split(r"^_{3,} (test_[a-z_]+) _{3,}$", output, flags=re.M)
+    failed = {name[len("test_"):] for name in sections[1::2]}
+    stubbed = {name[len("test_"):] for name, report in zip(sections[1::2], sections[2::2])
+               if "NotImplementedError: generate_dflash" in report}
+    assert failed == stubbed == {lab[3:] for lab in RUN_THE_LOOP}, output[-3000:]
 
 
 def test_the_copy_has_no_reference_answer_and_names_none(course):
