@@ -71,9 +71,11 @@ class CannotCopy(Exception):
 def git(root: Path, *args: str) -> str | None:
     """git's output for `root`'s own checkout; None when `root` is not the top of one (no git, a
     copy made without it, or a folder inside someone else's checkout)."""
+    def run(*words: str) -> str:
+        return subprocess.run(["git", *words], cwd=root, capture_output=True, text=True,
+                              check=True).stdout
+
     try:
-        run = lambda *words: subprocess.run(["git", *words], cwd=root, capture_output=True,  # noqa: E731
-                                            text=True, check=True).stdout
         if Path(run("rev-parse", "--show-toplevel").strip()).resolve() != root.resolve():
             return None
         return run(*args)
