@@ -55,10 +55,10 @@ def code_of(line: str) -> str:
 
 
 def answer_lines(function, copied: Path) -> set[str]:
-    """The lines of `function`'s body that say how it works: its statements' first lines (docstring
-    out), those long enough to say something, and that the rest of its file in the copy does not hold too (the
-    plain loop's bookkeeping), nor a notebook teaches (TAUGHT). Found here from the live
-    function, not by the code under test."""
+    """The lines of `function`'s body that say how it works: its statements' first lines
+    (docstring out), those long enough to say something, that the rest of its file in the copy
+    does not hold too (the plain loop's bookkeeping) and no notebook teaches (TAUGHT). Found here
+    from the live function, not by the code under test."""
     source = inspect.getsource(function)
     lines = source.split("\n")
     starts = {node.lineno for statement in ast.parse(source).body[0].body[1:]
@@ -195,7 +195,8 @@ def test_the_answers_written_in_the_copy_pass_but_where_a_grader_runs_the_stubbe
     shutil.copytree(course, written)
     for lab in LABS.iterdir():
         if lab.is_dir() and (lab / "solution.py").is_file():
-            shutil.copyfile(lab / "solution.py", written / "tutorials/labs" / lab.name / "starter.py")
+            starter = written / "tutorials" / "labs" / lab.name / "starter.py"
+            shutil.copyfile(lab / "solution.py", starter)
     environment = {name: value for name, value in os.environ.items()
                    if name not in ("DFLASH_LABS", "PYTHONPATH")}
     done = subprocess.run(
