@@ -347,3 +347,14 @@ def test_notebook_5_prints_the_loop_the_code_holds():
                if "getsource(generate_dflash)" in "".join(cell["source"])
                for output in cell.get("outputs", [])]
     assert printed and printed[0].rstrip("\n") == loop, "notebook 5 prints an older loop"
+
+
+def test_notebook_run_times_are_stated_once_in_the_readme():
+    """Each notebook's measured run time is in tutorials/README.md's table, and nowhere else."""
+    readme = (TUTORIALS / "README.md").read_text()
+    times = dict(re.findall(r"^\| \d \| \[[^]]+\]\((0\d_[a-z0-9_]+\.ipynb)\) \| (\d+) s \|", readme,
+                            re.M))
+    assert sorted(times) == [notebook.name for notebook in NOTEBOOKS]
+    for name in ("SYLLABUS.md", "labs/README.md", "INSTRUCTOR_KEY.md"):
+        text = (TUTORIALS / name).read_text()
+        assert not re.search(r"\bruns? in (about )?\d+ (s|seconds|minutes?)\b", text), name
