@@ -168,7 +168,7 @@ def check_one_lab() -> str:
     if not (folder / "starter.py").is_file():
         raise CheckFailed(f"no lab {LAB} in {folder.parent}: run from a whole copy of the "
                           f"repository")
-    answered = (folder / "solution.py").is_file()  # the instructor's copy
+    answered = any(path.stem == "solution" for path in folder.glob("*.py"))  # the instructor's
     environment = (
         dict(os.environ, DFLASH_LABS="solutions")
         if answered

@@ -194,6 +194,12 @@ def prints_an_answer(cell: dict, answers: set[str]) -> bool:
     return asks or any(code_of(line) in answers for line in shown.splitlines())
 
 
+# What a cell that printed a capstone's answer shows in the copy.
+CUT = {"name": "stdout", "output_type": "stream",
+       "text": ["(cut from the student copy: this printed the project's version of what the "
+                "capstone, lab 09_capstone, asks you to write)\n"]}
+
+
 def notebook_for_students(raw: str, answers: set[str] = frozenset()) -> str:
     """A notebook with its markdown cells cut as `for_students` cuts a hand-out; outputs kept as
     executed, except those of cells that print a capstone's answer (`answers`' lines)."""
@@ -202,7 +208,7 @@ def notebook_for_students(raw: str, answers: set[str] = frozenset()) -> str:
         if cell["cell_type"] == "markdown":
             cell["source"] = for_students("".join(cell["source"])).splitlines(keepends=True)
         elif cell["cell_type"] == "code" and prints_an_answer(cell, answers):
-            cell["outputs"] = []
+            cell["outputs"] = [CUT]
     indent = 1 if raw.startswith('{\n "') else 2
     return json.dumps(notebook, indent=indent, ensure_ascii=False) + "\n"
 
