@@ -1,8 +1,10 @@
-"""Every tutorial notebook runs top to bottom without an error (one test per notebook).
+"""Every tutorial notebook runs top to bottom without an error (one test per notebook), and the
+course's documents add up: the labs' table is the one source of times and points, the key quotes
+the executed notebooks, every objective is assessed by something graded, the days fit.
 
-Each is executed on a fresh kernel with `tutorials/` as its working directory, as
+Each notebook is executed on a fresh kernel with `tutorials/` as its working directory, as
 `tutorials/execute.py` does, but in memory: the committed file and its outputs are
-not rewritten.
+not rewritten. The student copy has its own tests: tests/test_student_copy.py.
 """
 
 import importlib.util
