@@ -1,8 +1,10 @@
-"""Every tutorial notebook runs top to bottom without an error (one test per notebook).
+"""Every tutorial notebook runs top to bottom without an error (one test per notebook), and the
+course's documents add up: the labs' table is the one source of times and points, the key quotes
+the executed notebooks, every objective is assessed by something graded, the days fit.
 
-Each is executed on a fresh kernel with `tutorials/` as its working directory, as
+Each notebook is executed on a fresh kernel with `tutorials/` as its working directory, as
 `tutorials/execute.py` does, but in memory: the committed file and its outputs are
-not rewritten.
+not rewritten. The student copy has its own tests: tests/test_student_copy.py.
 """
 
 import importlib.util
@@ -61,84 +63,7 @@ def test_every_lab_fails_on_its_committed_starter_saying_which_file_to_edit():
     assert said == {lab.name: lab.name for lab in LAB_FOLDERS}, output[-3000:]
 
 
-def run_labs(root: Path) -> str:
-    """`python -m pytest tutorials/labs` in `root` on the starters, as a student runs it: its
-    output, after checking that every lab failed, each with one line naming its own starter."""
-    import os
-    import subprocess
-    import sys
-
-    folders = sorted(
-        path.name
-        for path in (root / "tutorials" / "labs").iterdir()
-        if path.is_dir() and path.name[:2].isdigit()
-    )
-    environment = {
-        name: value for name, value in os.environ.items() if name != "DFLASH_LABS"
-    }  # the starters
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tutorials/labs"],
-        cwd=root,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    output = done.stdout + done.stderr
-    said = dict(
-        re.findall(
-            r"(\d\d_[a-z_]+): \S+ is not written yet - "
-            r"edit tutorials/labs/(\d\d_[a-z_]+)/starter\.py",
-            output,
-        )
-    )
-    assert (
-        done.returncode == 1 and f"{len(folders)} failed in" in output and "passed" not in output
-    ), output[-3000:]
-    assert said == {lab: lab for lab in folders}, output[-3000:]
-    return output
-
-
-def test_the_student_copy_has_no_answers_and_every_lab_fails_until_written(tmp_path):
-    """`python tutorials/student_copy.py OUT`: the notebooks, the starters and graders, no reference
-    answer, no instructor's key, nothing naming either; in OUT the labs run as a student's first run
-    does."""
-    import subprocess
-    import sys
-
-    out = tmp_path / "course"
-    done = subprocess.run(
-        [sys.executable, str(TUTORIALS / "student_copy.py"), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stderr
-    files = [path for path in out.rglob("*") if path.is_file()]
-    assert not [
-        path for path in files if path.name == "solution.py" or path.name == "INSTRUCTOR_KEY.md"
-    ]
-    assert (out / "tutorials" / "labs" / "01_rmsnorm" / "starter.py").is_file()
-    assert len(list((out / "tutorials").glob("0*.ipynb"))) == len(NOTEBOOKS)
-    naming = [
-        path
-        for path in files
-        if path.suffix in (".py", ".md", ".ipynb", ".txt", ".toml", "")
-        and re.search(
-            r"solution\.py|INSTRUCTOR_KEY", path.read_text(encoding="utf-8", errors="replace")
-        )
-    ]
-    assert not naming, f"files in the student copy that name an answer: {naming}"
-    run_labs(out)
-    again = subprocess.run(
-        [sys.executable, str(TUTORIALS / "student_copy.py"), str(out)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert again.returncode == 2 and again.stderr.startswith("error: "), (
-        "an existing folder is refused"
-    )
+# The student copy: tests/test_student_copy.py.
 
 
 # ------------------------------------------------------------------ one source for the labs' times
@@ -292,18 +217,146 @@ def test_the_syllabus_maps_every_objective_to_what_assesses_it_and_totals_its_po
     assert f"{total} in all, {required} without the optional ones" in syllabus
 
 
-def test_check_setup_checks_the_torch_build_jupyter_the_demo_pair_and_one_lab():
-    """tutorials/check_setup.py's checks, each run here: all pass on this checkout, except Jupyter
-    Lab where it is not installed (the test extra does not install it; the syllabus's setup does),
-    which must then fail naming the command that installs it."""
-    spec = importlib.util.spec_from_file_location("check_setup", TUTORIALS / "check_setup.py")
-    check_setup = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(check_setup)
-    assert set(check_setup.CHECKS) == {"torch", "jupyter", "demo pair", "one lab"}
-    for name in ("torch", "demo pair", "one lab"):
-        assert check_setup.CHECKS[name]()
-    if importlib.util.find_spec("jupyterlab") is None:
-        with pytest.raises(check_setup.CheckFailed, match="pip install -e .* jupyterlab"):
-            check_setup.check_jupyter()
-    else:
-        assert check_setup.check_jupyter()
+# ------------------------------------------------------------------ the syllabus adds up
+
+SYLLABUS = TUTORIALS / "SYLLABUS.md"
+WORDS = {"Eight": 8, "Nine": 9, "Ten": 10, "Seven": 7}
+
+
+def lab_named(short: str) -> str:
+    """A lab's folder from the name the syllabus's plan uses (`rope` is `01_rope`)."""
+    found = [lab.name for lab in LAB_FOLDERS if lab.name[3:] == short]
+    assert len(found) == 1, f"the plan names {short!r}, which is no lab"
+    return found[0]
+
+
+def days() -> list[dict]:
+    """The plan's rows: day, notebooks (numbers, in order), reading minutes (one per notebook),
+    graded and optional labs, stated minutes."""
+    plan = SYLLABUS.read_text().split("## The two weeks", 1)[1].split("\n## ", 1)[0]
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in plan.splitlines()
+            if re.match(r"\| \d+ \|", line)]
+    return [{"day": int(day),
+             "notebooks": [int(part[0]) for part in notebooks.split("; ") if part[0].isdigit()],
+             "reading": [int(value) for value in reading.split("+")],
+             "labs": [lab_named(name) for name in re.findall(r"`([a-z_]+)`", labs)],
+             "optional": [lab_named(name) for name in re.findall(r"`([a-z_]+)`", optional)],
+             "minutes": int(minutes)} for day, notebooks, reading, labs, optional, minutes in rows]
+
+
+def test_every_day_fits_its_minutes_from_the_notebooks_and_the_labs_table():
+    """A day's minutes are its notebooks' reading and its graded labs' times (labs/README.md);
+    each fits the class day; each notebook's reading, over its days, is its stated student time;
+    every lab is planned once, graded or optional as the syllabus's notebook sections say."""
+    syllabus = SYLLABUS.read_text()
+    length = int(re.search(r"A class day is (\d+) minutes", syllabus).group(1))
+    student_time = {int(number): int(minutes) for number, minutes in re.findall(
+        r"^### (\d) · .*\n\nStudent time: about (\d+) minutes", syllabus, re.M)}
+    assert sorted(student_time) == list(range(1, len(NOTEBOOKS) + 1))
+    plan, times = days(), {lab: minutes for lab, (minutes, _) in lab_table().items()}
+    assert [row["day"] for row in plan] == list(range(1, 11))
+    read = dict.fromkeys(student_time, 0)
+    for row in plan:
+        assert len(row["reading"]) == max(len(row["notebooks"]), 1), row
+        for number, minutes in zip(row["notebooks"], row["reading"]):
+            read[number] += minutes
+        work = sum(row["reading"]) + sum(times[lab] for lab in row["labs"])
+        assert row["minutes"] == work, f"day {row['day']}: {work} minutes, not {row['minutes']}"
+        assert work <= length, f"day {row['day']} needs {work} minutes, a day has {length}"
+    assert read == student_time, "a notebook's reading over its days is not its student time"
+    optional = set(re.findall(r"`(\d\d_[a-z_]+)` \(optional\)", syllabus))
+    graded = [lab for row in plan for lab in row["labs"]]
+    extra = [lab for row in plan for lab in row["optional"]]
+    assert sorted(graded + extra) == sorted(lab.name for lab in LAB_FOLDERS), "each lab once"
+    assert set(extra) == optional, "the plan's optional labs are the sections' optional labs"
+
+
+def test_the_capstone_has_a_day_an_objective_and_its_points():
+    syllabus = SYLLABUS.read_text()
+    table = syllabus.split("### The capstone", 1)[1]
+    rows = re.findall(r"^\| `(\d\d_[a-z_]+)`[^|]*\| (\d+) \| (\d\.\d) [^|]*\| (\d+) \|$",
+                      table, re.M)
+    assert {lab for lab, *_ in rows} == {lab.name for lab in LAB_FOLDERS if "capstone" in lab.name}
+    planned = {lab: row["day"] for row in days() for lab in row["labs"] + row["optional"]}
+    assessed = dict(re.findall(r"^\| (\d\.\d) [^|]*\| ([^|]*) \|$",
+                               syllabus.split("## What assesses each objective", 1)[1], re.M))
+    for lab, day, objective, points in rows:
+        assert planned[lab] == int(day), f"{lab}: the capstone's table and the plan disagree"
+        assert lab_table()[lab][1] == int(points), f"{lab}: points other than labs/README.md's"
+        assert f"`{lab}`" in assessed[objective], f"{lab}: objective {objective} does not name it"
+
+
+def test_every_objective_is_assessed_by_a_graded_lab_or_a_graded_question_the_key_answers():
+    syllabus = SYLLABUS.read_text()
+    table = syllabus.split("## What assesses each objective", 1)[1]
+    rows = dict(re.findall(r"^\| (\d\.\d) [^|]*\| ([^|]*) \|$", table, re.M))
+    graded = [question for assessed in rows.values()
+              for question in re.findall(r"Q (\d\.\d) \(graded", assessed)]
+    for objective, assessed in rows.items():
+        assert re.search(r"`\d\d_[a-z_]+`|\(graded", assessed), (
+            f"objective {objective} is assessed by nothing graded: {assessed}")
+        if not re.search(r"`\d\d_[a-z_]+`", assessed):
+            assert "(graded" in assessed
+    assert len(graded) == len(set(graded)), "a question graded twice"
+    key = KEY.read_text()
+    for question in graded:
+        number, item = question.split(".")
+        section = re.search(rf"^## {number} · .*?(?=^## |\Z)", key, re.M | re.S).group(0)
+        answer = re.search(rf"^{item}\. \*\*(.*?)(?=^\d\. \*\*|\Z)", section, re.M | re.S)
+        assert answer and len(answer.group(1).split()) >= 25, (
+            f"Q {question} is graded; the key gives it no reasoned answer")
+    prose = " ".join(syllabus.split())
+    points = int(re.search(r"graded questions, (\d+) points each", prose).group(1))
+    assert f"{len(graded)} graded questions, {points} points each, {len(graded) * points} in all" \
+        in prose
+
+
+def test_counts_are_the_folders():
+    """The notebooks and labs the hand-outs count are the ones in tutorials/."""
+    for name in ("SYLLABUS.md", "README.md"):
+        text = (TUTORIALS / name).read_text()
+        notebooks, labs = re.search(r"(\w+) notebooks and (\d+) labs", text).groups()
+        assert (WORDS[notebooks], int(labs)) == (len(NOTEBOOKS), len(LAB_FOLDERS)), name
+    readme = (TUTORIALS / "README.md").read_text()
+    beside, = re.findall(r"\((\d+) beside the notebooks, and two capstones\)", readme)
+    assert int(beside) + 2 == len(LAB_FOLDERS)
+    assert f"lists the {len(LAB_FOLDERS)} with their times" in readme
+
+
+def test_notebook_2s_exercise_states_the_limits_its_grader_draws():
+    grader = (LABS / "02_tau_past_the_end" / "test_02_tau_past_the_end.py").read_text()
+    low, high = map(int, re.search(r"limits = sorted\(rng\.sample\(range\((\d+), (\d+)\)",
+                                   grader).groups())
+    notebook = (TUTORIALS / "02_why_decoding_is_slow.ipynb").read_text()
+    assert f"grader tries {low} to {high - 1})" in notebook
+
+
+def test_notebook_5_prints_the_loop_the_code_holds():
+    """Notebook 5 prints generate_dflash's loop from its source: its saved output is today's
+    loop (run tutorials/execute.py on it after changing the loop)."""
+    import inspect
+
+    import generate
+
+    lines = inspect.getsource(generate.generate_dflash).splitlines()
+    first = next(i for i, line in enumerate(lines) if line.strip().startswith("while "))
+    indent = len(lines[first]) - len(lines[first].lstrip())
+    last = next(i for i in range(first + 1, len(lines))
+                if len(lines[i]) - len(lines[i].lstrip()) <= indent)
+    loop = "\n".join(line[indent:] for line in lines[first:last])
+    cells = json.loads((TUTORIALS / "05_fast_generation.ipynb").read_text())["cells"]
+    printed = ["".join(output.get("text", "")) for cell in cells
+               if "getsource(generate_dflash)" in "".join(cell["source"])
+               for output in cell.get("outputs", [])]
+    assert printed and printed[0].rstrip("\n") == loop, "notebook 5 prints an older loop"
+
+
+def test_notebook_run_times_are_stated_once_in_the_readme():
+    """Each notebook's measured run time is in tutorials/README.md's table, and nowhere else."""
+    readme = (TUTORIALS / "README.md").read_text()
+    times = dict(re.findall(r"^\| \d \| \[[^]]+\]\((0\d_[a-z0-9_]+\.ipynb)\) \| (\d+) s \|", readme,
+                            re.M))
+    assert sorted(times) == [notebook.name for notebook in NOTEBOOKS]
+    for name in ("SYLLABUS.md", "labs/README.md", "INSTRUCTOR_KEY.md"):
+        text = (TUTORIALS / name).read_text()
+        assert not re.search(r"\bruns? in (about )?\d+ (s|seconds|minutes?)\b", text), name
