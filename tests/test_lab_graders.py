@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from _lab_helpers import DemoPair  # tutorials/labs/, on the tests' path (pyproject.toml)
+from _lab_helpers import (DemoPair, RuleBroken, Untouched,  # tutorials/labs/, on the tests' path
+                         load_submission)
 
 torch.set_num_threads(1)
 
@@ -792,9 +793,13 @@ def demo() -> DemoPair:
 
 
 def grade(lab: str, path: Path, demo: DemoPair, *, wrap=None) -> tuple[str | None, object]:
-    """Run `lab`'s grader on the module at `path`: (its failure message, or None if it passed; the
-    module)."""
-    module = load_module(path, f"graded_{lab}_{path.parent.name}")
+    """Run `lab`'s grader on the module at `path`, read and imported as the labs' conftest does it:
+    (its failure message, or None if it passed; the module, None where it was refused unread)."""
+    untouched = Untouched()
+    try:
+        module = load_submission(path, f"graded_{lab}_{path.parent.name}", lab)
+    except RuleBroken as error:
+        return str(error), None
     if wrap is not None:
         wrap(module)
     grader_path = next((LABS / lab).glob("test_*.py"))
@@ -808,6 +813,7 @@ def grade(lab: str, path: Path, demo: DemoPair, *, wrap=None) -> tuple[str | Non
     wanted = {name: arguments[name] for name in inspect.signature(test).parameters}
     try:
         test(**wanted)
+        untouched.check(lab)
     except AssertionError as error:  # a grader's verdict (RuleBroken is one too)
         return str(error).split("\nassert ")[0] or "(an assertion without a message)", module
     except Exception as error:  # a wrong answer may also crash the grader's use of it: rejected too
@@ -910,7 +916,7 @@ def test_the_grader_rejects_a_wrong_answer(lab, name, edits, demo, tmp_path, mon
         )
     if name != MEMORISED:
         printed = set().union(*map(renderings, answers)) if answers else set()
-        own = set().union(*map(renderings, mine[0].answers)) if mine[0].answers else set()
+        own = set().union(*map(renderings, mine[0].answers)) if mine and mine[0].answers else set()
         leaked = sorted(text for text in printed - own if printed_in(text, message))
         assert not leaked, (
             f"{lab}: the failure message for '{name}' prints the expected {leaked}: {message}"

@@ -11,8 +11,10 @@ from __future__ import annotations
 import ast
 import contextlib
 import functools
+import importlib.util
 import os
 import random
+import sys
 import types
 from pathlib import Path
 from typing import Callable, Sequence
@@ -27,7 +29,7 @@ from dflash.measure import certain_logits
 from dflash.prompts import encode_for_generation, read_prompts
 from dflash.qwen3 import Qwen3, Qwen3Config
 from dflash.tokenizer import load_tokenizer
-from generate import ModelRunner, generate_autoregressive, generate_dflash, generate_dflash_tree
+from generate import ModelRunner, generate_autoregressive, generate_dflash_tree
 
 LABS = Path(__file__).resolve().parent
 ROOT = LABS.parents[1]  # the repository: dflash/, generate.py, weights/
@@ -70,15 +72,174 @@ class RuleBroken(AssertionError):
     """The student's function called something its lab forbids."""
 
 
+# ------------------------------------------------------------------ what a submission may do
+# The student's module runs inside the grader's process, so it is read before it runs: it may import only
+# what a lab needs, and may not reach the machinery that could change a verdict (the import system, the
+# interpreter's modules, frames, a function's code, the graders and their helpers).
+ALLOWED_IMPORTS = {"__future__", "math", "cmath", "heapq", "bisect", "functools", "itertools", "collections",
+                   "dataclasses", "typing", "statistics", "fractions", "torch", "torch.nn", "torch.nn.functional",
+                   "dflash", "generate", "train"}
+BANNED_NAMES = {"eval", "exec", "compile", "open", "getattr", "setattr", "delattr", "vars", "globals", "locals",
+                "breakpoint", "input", "memoryview", "__import__", "__builtins__", "__file__", "__loader__",
+                "__spec__"}
+BANNED_ATTRIBUTES = {"sys", "os", "modules", "builtins", "importlib", "subprocess", "gc", "inspect", "ctypes",
+                     "threading", "signal", "library", "ops", "overrides", "utils", "setprofile", "settrace",
+                     "mock", "unittest", "pathlib", "Path", "shutil", "pickle", "marshal", "f_globals", "f_back",
+                     "f_locals", "f_code", "tb_frame", "gi_frame", "cr_frame"}
+
+
+def source_rule_broken(tree: ast.Module) -> str | None:
+    """What in a submission's syntax tree no lab allows, in words, or None."""
+    imported = set()  # the names the module's imports bind: no assignment may reach through them
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                return "a relative import"
+            for alias in node.names:
+                module = node.module if isinstance(node, ast.ImportFrom) else alias.name
+                if not (module in ALLOWED_IMPORTS or module.split(".")[0] in {"dflash"}):
+                    return f"import of {module} (a lab imports torch, math, dflash, generate and train only)"
+                if alias.name.startswith(("_", "simulated")):
+                    return f"import of {alias.name}"
+                imported.add((alias.asname or alias.name).split(".")[0])
+        elif isinstance(node, ast.Name) and (node.id in BANNED_NAMES or node.id.startswith("simulated")
+                                              or node.id.startswith("__") and node.id != "__name__"):
+            return f"the name {node.id}"
+        elif isinstance(node, ast.Attribute) and (node.attr.startswith(("_", "simulated", "test_"))
+                                                   or node.attr in BANNED_ATTRIBUTES):
+            return f"the attribute .{node.attr}"
+        elif isinstance(node, ast.ExceptHandler) and (
+                node.type is None or isinstance(node.type, ast.Name) and node.type.id == "BaseException"):
+            return "an except clause that catches everything (the grader's time limit included)"
+    for node in ast.walk(tree):  # stores into what an import bound: torch.allclose = ..., generate.PASSES[...] = ...
+        targets = (node.targets if isinstance(node, (ast.Assign, ast.Delete)) else
+                   [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        for target in targets:
+            root = target
+            while isinstance(root, (ast.Attribute, ast.Subscript)):
+                root = root.value
+            if target is not root and isinstance(root, ast.Name) and root.id in imported:
+                return f"an assignment into {root.id}, which the module imported"
+    return None
+
+
+def watched_namespaces() -> dict[str, dict]:
+    """{name: namespace} of what a verdict depends on: torch, its tensors and functions, math, builtins,
+    the project's modules, the graders and their helpers. A submission may add to none of them, and
+    change nothing in them."""
+    spaces = {"torch.Tensor": vars(torch.Tensor), "builtins": vars(sys.modules["builtins"])}
+    for name, module in list(sys.modules.items()):
+        if name in ("math", "torch", "torch.nn.functional", "generate", "train", "teaching", "_lab_helpers") \
+                or name.startswith(("dflash", "test_", "grader_", "conftest")) or name.endswith("conftest"):
+            spaces[name] = vars(module)
+    return spaces
+
+
+class Untouched:
+    """A snapshot of `watched_namespaces`: `check(what)` fails with RuleBroken if a value the snapshot
+    holds was replaced or removed since (a patched torch.allclose, a grader's function swapped)."""
+
+    def __init__(self):
+        self.values = {(space, key): value for space, namespace in watched_namespaces().items()
+                       for key, value in list(namespace.items())}
+        self.spaces = {space: namespace for space, namespace in watched_namespaces().items()}
+
+    def check(self, what: str) -> None:
+        for (space, key), value in self.values.items():
+            namespace = self.spaces[space]
+            if key not in namespace or namespace[key] is not value:
+                raise RuleBroken(f"{what}: your code changed {space}.{key}; a submission may change nothing "
+                                 "of torch, the project or the grader")
+
+
+def load_submission(path: Path, name: str, lab: str):
+    """The student's module at `path`, read before it runs (`source_rule_broken`), and imported under a
+    watch (`Untouched`): RuleBroken, naming what is not allowed, if either fails. `lab` opens the message."""
+    problem = source_rule_broken(ast.parse(Path(path).read_text(), filename=str(path)))
+    if problem:
+        raise RuleBroken(f"{lab}: your module uses {problem}, which no lab allows")
+    untouched = Untouched()
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    untouched.check(lab)
+    return module
+
+
+def code_objects(value) -> set:
+    """The code objects a Python callable runs: a function's own and those it wraps (`__wrapped__`),
+    a class's methods. Empty for what is written in C."""
+    codes, seen = set(), set()
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, type):
+            stack += [member for member in vars(item).values()
+                      if isinstance(member, (types.FunctionType, staticmethod, classmethod, property))]
+        elif isinstance(item, (staticmethod, classmethod)):
+            stack.append(item.__func__)
+        elif isinstance(item, property):
+            stack += [item.fget, item.fset]
+        elif isinstance(item, types.FunctionType):
+            codes.add(item.__code__)
+        if getattr(item, "__wrapped__", None) is not None:
+            stack.append(item.__wrapped__)
+    return codes
+
+
 @contextlib.contextmanager
-def switched_off(rule: str, places: dict[object, Sequence[str]]):
-    """While the block runs, calling any `places` ({module or class: [names]}) fails with `rule`.
+def calls_watched(places: dict[object, Sequence[str]], hits: list):
+    """While the block runs, every call of a function `places` names is appended to `hits`, by what
+    it is rather than by the name it is called by: a Python function by its code (whichever module,
+    list or closure holds it, or rebuilt from its code), a C function by identity, a tensor method by
+    its name on a tensor."""
+    codes, c_functions, tensor_methods = {}, {}, set()
+    for owner, names in places.items():
+        for name in names:
+            if not hasattr(owner, name):
+                continue
+            value, label = getattr(owner, name), f"{getattr(owner, '__name__', owner)}.{name}"
+            found = code_objects(value)
+            codes.update(dict.fromkeys(found, label))
+            if not found:
+                c_functions[id(value)] = label
+                if owner is torch.Tensor:
+                    tensor_methods.add(name)
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code in codes:
+            hits.append(codes[frame.f_code])
+        elif event == "c_call":
+            if id(arg) in c_functions:
+                hits.append(c_functions[id(arg)])
+            elif getattr(arg, "__name__", None) in tensor_methods and isinstance(
+                    getattr(arg, "__self__", None), torch.Tensor):
+                hits.append(f"Tensor.{arg.__name__}")
+
+    before = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        yield
+    finally:
+        sys.setprofile(before)
+
+
+@contextlib.contextmanager
+def switched_off(rule: str, places: dict[object, Sequence[str]], hits: list | None = None):
+    """While the block runs, calling any `places` ({module or class: [names]}) fails with `rule`
+    (and is appended to `hits`, should the student's code catch the failure).
 
     How a grader enforces "without X" instead of trusting it: the student's function runs inside
     this block, the grader's own reference computations outside it.
     """
+    hits = [] if hits is None else hits
+
     def forbidden(name: str) -> Callable:
         def refuse(*args, **kwargs):
+            hits.append(name)
             raise RuleBroken(f"{rule}: your function called {name}, which this lab switches off")
         return refuse
 
@@ -104,12 +265,46 @@ def names_in_source(module) -> set[str]:
     return names
 
 
+def held_anywhere(module, objects: set[int]) -> str | None:
+    """The name of a global of `module` that holds one of `objects` (ids): itself, or inside a list,
+    tuple, set, dict, class, closure or default argument; or None."""
+    def inside(value) -> list:
+        if isinstance(value, (list, tuple, set, frozenset)):
+            return list(value)
+        if isinstance(value, dict):
+            return list(value.values())
+        if isinstance(value, type):
+            return list(vars(value).values())
+        if isinstance(value, (staticmethod, classmethod)):
+            return [value.__func__]
+        if isinstance(value, (types.FunctionType, functools.partial)):
+            function = value.func if isinstance(value, functools.partial) else value
+            cells = [cell.cell_contents for cell in function.__closure__ or () if cell_filled(cell)]
+            extra = list(value.args) + list(value.keywords.values()) if isinstance(value, functools.partial) else []
+            return cells + list(function.__defaults__ or ()) + list((function.__kwdefaults__ or {}).values()) + extra
+        return []
+
+    def holds(value, depth: int = 0) -> bool:
+        return id(value) in objects or depth < 4 and any(holds(item, depth + 1) for item in inside(value))
+
+    return next((key for key, value in vars(module).items() if holds(value)), None)
+
+
+def cell_filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # a closure's variable not yet assigned
+        return False
+    return True
+
+
 @contextlib.contextmanager
 def forbidden(lab, rule: str, places: dict[object, Sequence[str]]):
     """`switched_off`, made whole: what a lab forbids is refused however the student's module
     reached it. Before anything runs, the module's source may not name a forbidden function, nor its
-    globals hold one (an import by name, an alias); then, while the block runs, every call of one
-    fails."""
+    globals hold one (an import by name, an alias, a list or closure that holds it); then, while the
+    block runs, every call of one fails, and a call through another name (another module's import
+    of it, a copy taken at import, a function rebuilt from its code) is seen by what it runs."""
     names = {name for owner_names in places.values() for name in owner_names}
     objects = {
         id(getattr(owner, name))
@@ -117,17 +312,22 @@ def forbidden(lab, rule: str, places: dict[object, Sequence[str]]):
         for name in owner_names
         if hasattr(owner, name)
     }
-    held = sorted(key for key, value in vars(lab).items() if id(value) in objects)
+    held = held_anywhere(lab, objects)
     if held:
-        raise RuleBroken(f"{rule}: your module holds {held[0]}, which this lab forbids")
+        raise RuleBroken(f"{rule}: your module holds {held}, which this lab forbids")
     # the lab's own functions may share a forbidden one's name (08_stop_speculating's)
     own = {key for key, value in vars(lab).items()
            if getattr(value, "__module__", None) == lab.__name__}
     named = sorted(names & names_in_source(lab) - own)
     if named:
         raise RuleBroken(f"{rule}: your code uses {named[0]}, which this lab forbids")
-    with switched_off(rule, places):
-        yield
+    hits: list[str] = []
+    try:
+        with calls_watched(places, hits), switched_off(rule, places, hits):
+            yield
+    finally:
+        if hits:  # even where the student's code caught the failure, or another error followed
+            raise RuleBroken(f"{rule}: your function called {hits[0]}, which this lab switches off")
 
 
 class DemoPair:
@@ -188,10 +388,16 @@ class DemoPair:
                 f"{self.tokenizer.decode(plain)!r} (they part at new token {first})")
 
 
+def run_dflash(target, drafter, prompt_ids, max_new_tokens: int, **options):
+    """generate_dflash, greedy, as every grader calls it (`options`: stop_ids, runner, block_size,
+    first_token_choices): the one place to change should its signature change."""
+    return generate.generate_dflash(target, drafter, prompt_ids, max_new_tokens, **options)
+
+
 def dflash_loop(demo: DemoPair) -> Callable:
     """The chain loop on the demo pair, as `DemoPair.assert_plugged_in_matches` calls it."""
-    return lambda ids, choices, limit: generate_dflash(demo.target, demo.drafter, ids, limit, stop_ids=demo.stop_ids,
-                                                       first_token_choices=choices)
+    return lambda ids, choices, limit: run_dflash(demo.target, demo.drafter, ids, limit, stop_ids=demo.stop_ids,
+                                                  first_token_choices=choices)
 
 
 def tree_loop(demo: DemoPair, budget: int = 16) -> Callable:
@@ -296,9 +502,8 @@ class WatchedPooledTau:
         with mock.patch.dict(generate.PASSES, draft=watched):
             for ids, choices in demo.prompts(self.count):
                 runner = runner_class(demo.target, demo.drafter, max_length=len(ids) + self.max_new_tokens + demo.block)
-                lengths += generate.generate_dflash(demo.target, demo.drafter, ids, self.max_new_tokens,
-                                                    stop_ids=demo.stop_ids, runner=runner,
-                                                    first_token_choices=choices).acceptance_lengths
+                lengths += run_dflash(demo.target, demo.drafter, ids, self.max_new_tokens, stop_ids=demo.stop_ids,
+                                      runner=runner, first_token_choices=choices).acceptance_lengths
         self.seen.append(seen)
         self.taus.append(sum(lengths) / len(lengths))
         return self.taus[-1]

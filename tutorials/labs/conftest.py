@@ -5,16 +5,24 @@
 - `demo`: the demo pair, one per session, loaded on first use.
 - A starter function that still raises NotImplementedError fails its lab with one line naming
   the file to edit, and a failed check with its message alone, not a traceback (`--tb=long` shows it).
+- The graded module is read before it runs (what no lab allows: `_lab_helpers.load_submission`), and
+  a grader fails if, by its end, the module changed torch, the project or the grader.
+- A grader that runs longer than DFLASH_LABS_TIMEOUT seconds (120 by default) fails in one line:
+  a loop that never ends costs its lab, not the run.
 - `-k NAME`, where NAME is a lab's name exactly (`-k rope`), selects that lab alone, not every lab
   whose name contains it (`interleaved_rope`).
 """
 
-import importlib.util
+import os
+import signal
 from pathlib import Path
 
 import pytest
 import torch
-from _lab_helpers import LABS, ROOT, DemoPair, graded_kind, short_name  # this folder: pytest puts it on the path
+from _lab_helpers import (LABS, ROOT, DemoPair, RuleBroken, Untouched, graded_kind,  # this folder: on the path
+                          load_submission, short_name)
+
+TIMEOUT = 120  # seconds a grader may run: the slowest solution takes about 10
 
 
 def pytest_configure(config):
@@ -28,13 +36,27 @@ def demo() -> DemoPair:
 
 @pytest.fixture
 def lab(request):
-    """The graded module of the requesting grader's lab."""
+    """The graded module of the requesting grader's lab, read and imported by `load_submission`; the
+    snapshot it is checked against at the grader's end is taken here, before it runs."""
     folder = request.path.parent
     path = folder / f"{graded_kind()}.py"
-    spec = importlib.util.spec_from_file_location(f"lab_{folder.name}_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    request.node.untouched = Untouched()
+    try:
+        return load_submission(path, f"lab_{folder.name}_{path.stem}", folder.name)
+    except RuleBroken as error:
+        pytest.fail(str(error), pytrace=False)
+
+
+class TimedOut(BaseException):
+    """A grader ran past its time: a BaseException, so that no `except Exception` in a submission takes it."""
+
+
+def time_limit() -> int:
+    return int(os.environ.get("DFLASH_LABS_TIMEOUT") or TIMEOUT)
+
+
+def out_of_time(signum, frame):
+    raise TimedOut
 
 
 def unwritten_function(error: BaseException):
@@ -54,8 +76,17 @@ def pytest_runtest_call(item):
     """A grader's verdict as the student should read it: one line, not a traceback through the grader (run with
     --tb=long to see that). An unwritten starter function names the file to edit; a failed check keeps its
     message and drops pytest's introspection of the comparison."""
+    limit = time_limit()
+    before = signal.signal(signal.SIGALRM, out_of_time)
+    signal.alarm(limit)
     try:
-        return (yield)
+        result = yield
+        if hasattr(item, "untouched"):
+            item.untouched.check(item.path.parent.name)
+        return result
+    except TimedOut:
+        message = (f"{item.path.parent.name}: stopped after {limit} s (a loop that never ends? "
+                   "DFLASH_LABS_TIMEOUT sets the limit)")
     except NotImplementedError as error:
         where = unwritten_function(error)
         if where is None:
@@ -66,6 +97,9 @@ def pytest_runtest_call(item):
         message = str(error).split("\nassert ")[0]
         if item.config.option.tbstyle != "auto" or not message.startswith(item.path.parent.name):
             raise  # asked for the whole story, or a failure that is not a grader's verdict
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
     pytest.fail(message, pytrace=False)  # outside the except clauses: without the exception it replaces
 
 
