@@ -35,6 +35,7 @@ LABS = Path(__file__).resolve().parent
 ROOT = LABS.parents[1]  # the repository: dflash/, generate.py, weights/
 
 WEIGHTS = ROOT / "weights"
+FIXTURES = ROOT / "tests" / "fixtures"  # the second pair: FixturePair
 PLAIN_PROMPTS, PLAIN_TOKENS = 2, 48  # the held-out prompts and new tokens a plugged-in piece is compared on
 
 
@@ -386,6 +387,44 @@ class DemoPair:
             assert mine == plain, (
                 f"{what}, the demo pair wrote {self.tokenizer.decode(mine)!r} instead of the plain loop's "
                 f"{self.tokenizer.decode(plain)!r} (they part at new token {first})")
+
+
+class FixturePair:
+    """The tests' fixture pair (tests/fixtures: qwen3-tiny-sharded and dflash-tiny), loaded on first
+    use: another block size (8), layer count (6), vocabulary (600) and target layer ids than the
+    demo pair's, so that an answer that wrote the demo's down fails. Random weights and no tokenizer:
+    its prompts are random ids, and it has no stop token."""
+
+    stop_ids: list[int] = []
+    tokenizer = None
+
+    @functools.cached_property
+    def target(self):
+        return Qwen3.from_pretrained(FIXTURES / "qwen3-tiny-sharded")
+
+    @functools.cached_property
+    def drafter(self):
+        return Drafter.from_pretrained(FIXTURES / "dflash-tiny", target=self.target)
+
+    @property
+    def block(self) -> int:
+        return self.drafter.config.block_size
+
+    def drawn_prompt(self, rng: random.Random) -> list[int]:
+        """Random ids, the mask token left out, of a length drawn with `rng`."""
+        return [rng.randrange(self.target.config.vocab_size - 1) for _ in range(rng.randint(4, 40))]
+
+    @functools.cache
+    def prompts(self, count: int) -> list[tuple[list[int], None]]:
+        """`count` random prompts, drawn from the run's seed: (ids, no first-token choices)."""
+        rng = drawn_random()
+        return [(self.drawn_prompt(rng), None) for _ in range(count)]
+
+
+@functools.cache
+def fixture_pair() -> FixturePair:
+    """The one FixturePair of a run: its models load once."""
+    return FixturePair()
 
 
 def run_dflash(target, drafter, prompt_ids, max_new_tokens: int, **options):

@@ -53,6 +53,8 @@ def test_sampled_rule(lab):
     for p, q in drawn_laws(generator):
         kept, replaced, greedy = simulate(p, q, generator)
         mine_kept, mine_replaced = lab.committed_parts(p, q)
+        assert torch.isfinite(mine_kept).all() and torch.isfinite(mine_replaced).all(), (
+            "06_sampled_rule: a part is not a number for a token neither law draws (0 / 0?)")
         for name, mine, seen in (("kept", mine_kept, kept), ("replaced", mine_replaced, replaced)):
             assert mine.shape == p.shape, (
                 f"06_sampled_rule: {name} should be (vocab,), not {tuple(mine.shape)}"
@@ -65,8 +67,6 @@ def test_sampled_rule(lab):
                 f"token {token} "
                 f"that way"
             )
-        assert torch.isfinite(mine_kept).all() and torch.isfinite(mine_replaced).all(), (
-            "06_sampled_rule: a part is not a number for a token neither law draws (0 / 0?)")
         assert (mine_kept <= torch.minimum(p, q) + 1e-12).all(), (
             "06_sampled_rule: kept holds a token more often than a slot drafts it or than the rule keeps "
             "it: compute the parts exactly, do not sample them")

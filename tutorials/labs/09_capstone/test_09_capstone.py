@@ -216,11 +216,11 @@ def test_capstone(lab, demo):
             except Exception as error:
                 assert_steps_match(mine, right, name, finished=False)  # names the wrong step, if one is
                 steps = len(mine.steps())
+                what = (f"{error} on what your loop passed it" if isinstance(error, WrongCall) else
+                        f"your loop raised {type(error).__name__}")
                 raise AssertionError(
-                    f"09_capstone ({name}): your loop raised {type(error).__name__}"
-                    f"{' (' + str(error) + ')' if isinstance(error, WrongCall) else ''} in step "
-                    f"{max(steps - 1, 0)}, after its calls {', '.join(call[0] for call in mine.calls[-4:])}"
-                    " (--tb=long shows where)") from error
+                    f"09_capstone ({name}): {what} in step {max(steps - 1, 0)}, after the calls "
+                    f"{', '.join(call[0] for call in mine.calls[-4:])} (--tb=long shows where)") from error
             steps = len(mine.steps())
             assert reads.count <= steps, (
                 f"09_capstone ({name}): your loop read tensors into Python {reads.count} times in {steps} "
