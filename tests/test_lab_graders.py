@@ -17,6 +17,8 @@ import itertools
 import math
 import os
 import re
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -1155,3 +1157,59 @@ def test_a_plug_in_check_computes_its_reference_before_the_students_piece_is_in(
     with pytest.raises(AssertionError, match="with your RoPE"):
         fresh.assert_plugged_in_matches(grader.plugged_in(lambda x, positions, theta: x),
                                         grader.dflash_loop(fresh), "01_rope: with your RoPE")
+
+
+LOOPS_FOREVER = {"at import": "while True:\n    pass\n",
+                 "when called": "def tau_from_histogram(histogram):\n    while True:\n        pass\n"}
+
+
+@pytest.mark.parametrize("where", LOOPS_FOREVER)
+def test_a_grader_that_runs_too_long_fails_in_one_line(where, tmp_path):
+    """A submission that never returns (a forgotten increment) fails its lab at the time limit, in one
+    line, at import or when called: the graders' own run is not stuck on it. The lab is copied, with
+    the labs' conftest and helpers, into a folder where its starter loops."""
+    labs = tmp_path / "tutorials" / "labs"
+    (labs / "05_histogram").mkdir(parents=True)
+    for name in ("conftest.py", "_lab_helpers.py", "05_histogram/test_05_histogram.py"):
+        (labs / name).write_text((LABS / name).read_text())
+    (labs / "05_histogram" / "starter.py").write_text(LOOPS_FOREVER[where])
+    root = LABS.parents[1]
+    env = {**os.environ, "DFLASH_LABS_TIMEOUT": "2", "DFLASH_LABS": "starters",
+           "PYTHONPATH": os.pathsep.join(str(root / part) for part in ("", "tutorials", "benchmarks"))}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(labs)],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 1, run.stdout + run.stderr
+    verdict = [line for line in run.stdout.splitlines() if "stopped after" in line]
+    assert verdict and verdict[0].startswith("05_histogram: stopped after 2 s"), run.stdout
+    assert "Traceback" not in run.stdout, run.stdout
+
+
+def test_forbidden_calls_are_seen_whatever_name_they_go_by():
+    """The watch behind `forbidden`: a forbidden function is seen by what it runs, called from a list,
+    a closure, another module's import of it, or rebuilt from its code; a C function by identity, a
+    tensor method by its name on a tensor. Only the watched calls are seen."""
+    import types
+
+    import dflash.qwen3
+    import dflash.tree
+    from _lab_helpers import calls_watched
+
+    places = {dflash.tree: ["ancestor_mask"], torch: ["repeat_interleave"], torch.Tensor: ["repeat"]}
+    parents = [-1, 0, 0, 1]
+    stash = [dflash.tree.ancestor_mask]
+    rebuilt = types.FunctionType(dflash.tree.ancestor_mask.__code__, vars(dflash.tree))
+    closure = (lambda function: lambda: function(parents))(dflash.tree.ancestor_mask)
+    ways = {"a list": lambda: stash[0](parents), "a closure": closure,
+            "its code, rebuilt": lambda: rebuilt(parents),
+            "a C function": lambda: torch.repeat_interleave(torch.ones(2), 2),
+            "a tensor method": lambda: torch.ones(2).repeat(2)}
+    for way, call in ways.items():
+        hits = []
+        with calls_watched(places, hits):
+            call()
+        assert hits, f"a forbidden call through {way} was not seen"
+    hits = []
+    with calls_watched(places, hits):
+        torch.ones(2).sum()
+        dflash.tree.build_tree(0, [[-0.1]], [[1]], 1)
+    assert not hits, hits

@@ -13,6 +13,7 @@
   whose name contains it (`interleaved_rope`).
 """
 
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -42,21 +43,42 @@ def lab(request):
     path = folder / f"{graded_kind()}.py"
     request.node.untouched = Untouched()
     try:
-        return load_submission(path, f"lab_{folder.name}_{path.stem}", folder.name)
+        with time_limit():  # a submission's code runs at import too
+            return load_submission(path, f"lab_{folder.name}_{path.stem}", folder.name)
     except RuleBroken as error:
-        pytest.fail(str(error), pytrace=False)
+        message = str(error)
+    except TimedOut:
+        message = out_of_time_message(folder.name)
+    pytest.fail(message, pytrace=False)
 
 
 class TimedOut(BaseException):
     """A grader ran past its time: a BaseException, so that no `except Exception` in a submission takes it."""
 
 
-def time_limit() -> int:
+def seconds_allowed() -> int:
     return int(os.environ.get("DFLASH_LABS_TIMEOUT") or TIMEOUT)
 
 
 def out_of_time(signum, frame):
     raise TimedOut
+
+
+def out_of_time_message(lab: str) -> str:
+    return (f"{lab}: stopped after {seconds_allowed()} s (a loop that never ends? "
+            "DFLASH_LABS_TIMEOUT sets the limit)")
+
+
+@contextlib.contextmanager
+def time_limit():
+    """TimedOut is raised in the block once it has run `seconds_allowed()` seconds."""
+    before = signal.signal(signal.SIGALRM, out_of_time)
+    signal.alarm(seconds_allowed())
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
 
 
 def unwritten_function(error: BaseException):
@@ -76,17 +98,14 @@ def pytest_runtest_call(item):
     """A grader's verdict as the student should read it: one line, not a traceback through the grader (run with
     --tb=long to see that). An unwritten starter function names the file to edit; a failed check keeps its
     message and drops pytest's introspection of the comparison."""
-    limit = time_limit()
-    before = signal.signal(signal.SIGALRM, out_of_time)
-    signal.alarm(limit)
     try:
-        result = yield
+        with time_limit():
+            result = yield
         if hasattr(item, "untouched"):
             item.untouched.check(item.path.parent.name)
         return result
     except TimedOut:
-        message = (f"{item.path.parent.name}: stopped after {limit} s (a loop that never ends? "
-                   "DFLASH_LABS_TIMEOUT sets the limit)")
+        message = out_of_time_message(item.path.parent.name)
     except NotImplementedError as error:
         where = unwritten_function(error)
         if where is None:
@@ -97,9 +116,6 @@ def pytest_runtest_call(item):
         message = str(error).split("\nassert ")[0]
         if item.config.option.tbstyle != "auto" or not message.startswith(item.path.parent.name):
             raise  # asked for the whole story, or a failure that is not a grader's verdict
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, before)
     pytest.fail(message, pytrace=False)  # outside the except clauses: without the exception it replaces
 
 
