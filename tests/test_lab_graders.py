@@ -232,24 +232,28 @@ WRONG = {
                     repeated_v = torch.zeros(batch, k.shape[1], groups, seq, d)
                     repeated_k[:] = k[:, :, None]
                     repeated_v[:] = v[:, :, None]
-                    k, v = repeated_k.view(batch, heads, seq, d), repeated_v.view(batch, heads, seq, d)"""
+                    k = repeated_k.view(batch, heads, seq, d)
+                    v = repeated_v.view(batch, heads, seq, d)"""
                        + GQA_REST),
             ],
         ),
         (
             "a softmax that overflows",
-            [replace('.softmax(dim=-1)', '.exp()\n    weights = weights / weights.sum(-1, keepdim=True)')],
+            [replace(".softmax(dim=-1)",
+                     ".exp()\n    weights = weights / weights.sum(-1, keepdim=True)")],
         ),
         (
             "torch.allclose replaced at import",
-            [replace(" / math.sqrt(d)", ""), append("torch.allclose = lambda *args, **kwargs: True")],
+            [replace(" / math.sqrt(d)", ""),
+             append("torch.allclose = lambda *args, **kwargs: True")],
         ),
         (
             "torch.allclose replaced through another name, inside the function",
             [
                 replace(" / math.sqrt(d)", ""),
                 replace("    batch, heads, seq, d = q.shape",
-                        "    same.allclose = lambda *args, **kwargs: True\n    batch, heads, seq, d = q.shape"),
+                        "    same.allclose = lambda *args, **kwargs: True\n"
+                        "    batch, heads, seq, d = q.shape"),
                 append("same = torch"),
             ],
         ),
@@ -260,7 +264,8 @@ WRONG = {
                 COPIERS = [torch.repeat_interleave]
                 def my_grouped_attention(q, k, v):
                     groups = q.shape[1] // k.shape[1]
-                    k, v = COPIERS[0](k, groups, dim=1), COPIERS[0](v, groups, dim=1)""" + GQA_REST),
+                    k = COPIERS[0](k, groups, dim=1)
+                    v = COPIERS[0](v, groups, dim=1)""" + GQA_REST),
             ],
         ),
         (
@@ -421,8 +426,8 @@ WRONG = {
         ("keyed by index, not layer id", [replace("taus[layer] =", "taus[index] =")]),
         (
             "the demo pair's layers written down",
-            [replace("layers, hidden = pair.drafter.config.target_layer_ids, pair.target.config.hidden_size",
-                     "layers, hidden = [1, 5], 128")],
+            [replace("layers, hidden = pair.drafter.config.target_layer_ids, "
+                     "pair.target.config.hidden_size", "layers, hidden = [1, 5], 128")],
         ),
         (
             "the layer zeroed, not kept",
@@ -673,14 +678,17 @@ WRONG = {
                     slots = 1_000_000
                     generator = torch.Generator().manual_seed(7)
                     drafts = torch.multinomial(q, slots, replacement=True, generator=generator)
-                    committed = verdicts(p.expand(slots, len(p)), drafts, q.expand(slots, len(q)), generator)
+                    committed = verdicts(p.expand(slots, len(p)), drafts,
+                                         q.expand(slots, len(q)), generator)
                     kept = committed == drafts
-                    share = lambda where: torch.bincount(committed[where], minlength=len(p)).double() / slots
+                    def share(where):
+                        return torch.bincount(committed[where], minlength=len(p)).double() / slots
                     return share(kept), share(~kept)
                 def committed_parts(p, q):
                     return estimate(p, q)
                 def keep_probabilities(p, q):
-                    greedy = (torch.multinomial(p, 1_000_000, replacement=True) == q.argmax()).double()
+                    greedy = torch.multinomial(p, 1_000_000, replacement=True) == q.argmax()
+                    greedy = greedy.double()
                     return greedy.mean().item(), estimate(p, q)[0].sum().item()
                 """)
             ],
@@ -867,18 +875,21 @@ WRONG = {
             "    if max_new_tokens == 0:\n        return [], []", "")]),
         ("a stop token from the prefill not looked for", [replace(
             "while len(new_ids) < max_new_tokens and new_ids[-1] not in stop_ids:",
-            "while len(new_ids) < max_new_tokens and (not lengths or new_ids[-1] not in stop_ids):")]),
+            "while len(new_ids) < max_new_tokens and (not lengths or new_ids[-1] not in "
+            "stop_ids):")]),
         ("a step taken at max_new_tokens 1", [replace(
             "while len(new_ids) < max_new_tokens and new_ids[-1] not in stop_ids:",
-            "while (not lengths or len(new_ids) < max_new_tokens) and new_ids[-1] not in stop_ids:")]),
+            "while (not lengths or len(new_ids) < max_new_tokens) and new_ids[-1] not in "
+            "stop_ids:")]),
         ("drafts of the wrong shape passed to verify", [replace(
             "runner.verify(drafts)", "runner.verify(drafts[None])")]),
         ("generate_dflash rebuilt from its __wrapped__.__code__", [append("""
             import generate
             def my_generate_dflash(runner, prompt_ids, max_new_tokens, stop_ids=()):
-                loop = type(my_generate_dflash)(generate.generate_dflash.__wrapped__.__code__, vars(generate))
-                result = loop(runner.target, runner.drafter, prompt_ids, max_new_tokens, stop_ids=stop_ids,
-                              runner=runner)
+                code = generate.generate_dflash.__wrapped__.__code__
+                loop = type(my_generate_dflash)(code, vars(generate))
+                result = loop(runner.target, runner.drafter, prompt_ids, max_new_tokens,
+                              stop_ids=stop_ids, runner=runner)
                 return result.new_ids, result.acceptance_lengths
             """)]),
         ("the project's loop stashed in a list at import", [append("""
@@ -1160,14 +1171,16 @@ def test_a_plug_in_check_computes_its_reference_before_the_students_piece_is_in(
 
 
 LOOPS_FOREVER = {"at import": "while True:\n    pass\n",
-                 "when called": "def tau_from_histogram(histogram):\n    while True:\n        pass\n"}
+                 "when called": "def tau_from_histogram(histogram):\n"
+                                "    while True:\n"
+                                "        pass\n"}
 
 
 @pytest.mark.parametrize("where", LOOPS_FOREVER)
 def test_a_grader_that_runs_too_long_fails_in_one_line(where, tmp_path):
-    """A submission that never returns (a forgotten increment) fails its lab at the time limit, in one
-    line, at import or when called: the graders' own run is not stuck on it. The lab is copied, with
-    the labs' conftest and helpers, into a folder where its starter loops."""
+    """A submission that never returns (a forgotten increment) fails its lab at the time limit, in
+    one line, at import or when called: the graders' own run is not stuck on it. The lab is copied,
+    with the labs' conftest and helpers, into a folder where its starter loops."""
     labs = tmp_path / "tutorials" / "labs"
     (labs / "05_histogram").mkdir(parents=True)
     for name in ("conftest.py", "_lab_helpers.py", "05_histogram/test_05_histogram.py"):
@@ -1175,9 +1188,11 @@ def test_a_grader_that_runs_too_long_fails_in_one_line(where, tmp_path):
     (labs / "05_histogram" / "starter.py").write_text(LOOPS_FOREVER[where])
     root = LABS.parents[1]
     env = {**os.environ, "DFLASH_LABS_TIMEOUT": "2", "DFLASH_LABS": "starters",
-           "PYTHONPATH": os.pathsep.join(str(root / part) for part in ("", "tutorials", "benchmarks"))}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(labs)],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+           "PYTHONPATH": os.pathsep.join(str(root / part)
+                                         for part in ("", "tutorials", "benchmarks"))}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          str(labs)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
     assert run.returncode == 1, run.stdout + run.stderr
     verdict = [line for line in run.stdout.splitlines() if "stopped after" in line]
     assert verdict and verdict[0].startswith("05_histogram: stopped after 2 s"), run.stdout
@@ -1185,16 +1200,17 @@ def test_a_grader_that_runs_too_long_fails_in_one_line(where, tmp_path):
 
 
 def test_forbidden_calls_are_seen_whatever_name_they_go_by():
-    """The watch behind `forbidden`: a forbidden function is seen by what it runs, called from a list,
-    a closure, another module's import of it, or rebuilt from its code; a C function by identity, a
-    tensor method by its name on a tensor. Only the watched calls are seen."""
+    """The watch behind `forbidden`: a forbidden function is seen by what it runs, called from a
+    list, a closure, or rebuilt from its code; a C function by identity, a tensor method by its
+    name on a tensor. Only the watched calls are seen."""
     import types
 
     import dflash.qwen3
     import dflash.tree
     from _lab_helpers import calls_watched
 
-    places = {dflash.tree: ["ancestor_mask"], torch: ["repeat_interleave"], torch.Tensor: ["repeat"]}
+    places = {dflash.tree: ["ancestor_mask"], torch: ["repeat_interleave"],
+              torch.Tensor: ["repeat"]}
     parents = [-1, 0, 0, 1]
     stash = [dflash.tree.ancestor_mask]
     rebuilt = types.FunctionType(dflash.tree.ancestor_mask.__code__, vars(dflash.tree))

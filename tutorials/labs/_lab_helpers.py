@@ -74,45 +74,41 @@ class RuleBroken(AssertionError):
 
 
 # ------------------------------------------------------------------ what a submission may do
-# The student's module runs inside the grader's process, so it is read before it runs: it may import only
-# what a lab needs, and may not reach the machinery that could change a verdict (the import system, the
-# interpreter's modules, frames, a function's code, the graders and their helpers).
-ALLOWED_IMPORTS = {"__future__", "math", "cmath", "heapq", "bisect", "functools", "itertools", "collections",
-                   "dataclasses", "typing", "statistics", "fractions", "torch", "torch.nn", "torch.nn.functional",
-                   "dflash", "generate", "train"}
-BANNED_NAMES = {"eval", "exec", "compile", "open", "getattr", "setattr", "delattr", "vars", "globals", "locals",
-                "breakpoint", "input", "memoryview", "__import__", "__builtins__", "__file__", "__loader__",
-                "__spec__"}
-BANNED_ATTRIBUTES = {"sys", "os", "modules", "builtins", "importlib", "subprocess", "gc", "inspect", "ctypes",
-                     "threading", "signal", "library", "ops", "overrides", "utils", "setprofile", "settrace",
-                     "mock", "unittest", "pathlib", "Path", "shutil", "pickle", "marshal", "f_globals", "f_back",
-                     "f_locals", "f_code", "tb_frame", "gi_frame", "cr_frame"}
+# The student's module runs inside the grader's process, so it is read before it runs: it may
+# import only what a lab needs, and may not reach the machinery that could change a verdict (the
+# import system, the interpreter's modules, frames, a function's code, the graders, their helpers).
+ALLOWED_IMPORTS = {"__future__", "math", "cmath", "heapq", "bisect", "functools", "itertools",
+                   "collections", "dataclasses", "typing", "statistics", "fractions", "torch",
+                   "torch.nn", "torch.nn.functional", "dflash", "generate", "train"}
+BANNED_NAMES = {"eval", "exec", "compile", "open", "getattr", "setattr", "delattr", "vars",
+                "globals", "locals", "breakpoint", "input", "memoryview", "__import__",
+                "__builtins__", "__file__", "__loader__", "__spec__"}
+BANNED_ATTRIBUTES = {"sys", "os", "modules", "builtins", "importlib", "subprocess", "gc", "inspect",
+                     "ctypes", "threading", "signal", "library", "ops", "overrides", "utils",
+                     "setprofile", "settrace", "mock", "unittest", "pathlib", "Path", "shutil",
+                     "pickle", "marshal", "f_globals", "f_back", "f_locals", "f_code", "tb_frame",
+                     "gi_frame", "cr_frame"}
 
 
-def source_rule_broken(tree: ast.Module) -> str | None:
-    """What in a submission's syntax tree no lab allows, in words, or None."""
-    imported = set()  # the names the module's imports bind: no assignment may reach through them
+def banned_import(node: ast.Import | ast.ImportFrom) -> str | None:
+    """What an import statement brings in that no lab allows, in words, or None."""
+    if isinstance(node, ast.ImportFrom) and node.level:
+        return "a relative import"
+    for alias in node.names:
+        module = node.module if isinstance(node, ast.ImportFrom) else alias.name
+        if not (module in ALLOWED_IMPORTS or module.split(".")[0] == "dflash"):
+            return f"import of {module} (a lab imports torch, math, dflash, generate, train only)"
+        if alias.name.startswith(("_", "simulated")) or alias.name in BANNED_ATTRIBUTES:
+            return f"import of {alias.name}"
+    return None
+
+
+def store_into_import(tree: ast.Module) -> str | None:
+    """The name of an import an assignment reaches into (`torch.allclose = ...`,
+    `generate.PASSES[...] = ...`), or None."""
+    imported = {(alias.asname or alias.name).split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
     for node in ast.walk(tree):
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            if isinstance(node, ast.ImportFrom) and node.level:
-                return "a relative import"
-            for alias in node.names:
-                module = node.module if isinstance(node, ast.ImportFrom) else alias.name
-                if not (module in ALLOWED_IMPORTS or module.split(".")[0] in {"dflash"}):
-                    return f"import of {module} (a lab imports torch, math, dflash, generate and train only)"
-                if alias.name.startswith(("_", "simulated")):
-                    return f"import of {alias.name}"
-                imported.add((alias.asname or alias.name).split(".")[0])
-        elif isinstance(node, ast.Name) and (node.id in BANNED_NAMES or node.id.startswith("simulated")
-                                              or node.id.startswith("__") and node.id != "__name__"):
-            return f"the name {node.id}"
-        elif isinstance(node, ast.Attribute) and (node.attr.startswith(("_", "simulated", "test_"))
-                                                   or node.attr in BANNED_ATTRIBUTES):
-            return f"the attribute .{node.attr}"
-        elif isinstance(node, ast.ExceptHandler) and (
-                node.type is None or isinstance(node.type, ast.Name) and node.type.id == "BaseException"):
-            return "an except clause that catches everything (the grader's time limit included)"
-    for node in ast.walk(tree):  # stores into what an import bound: torch.allclose = ..., generate.PASSES[...] = ...
         targets = (node.targets if isinstance(node, (ast.Assign, ast.Delete)) else
                    [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
         for target in targets:
@@ -120,42 +116,68 @@ def source_rule_broken(tree: ast.Module) -> str | None:
             while isinstance(root, (ast.Attribute, ast.Subscript)):
                 root = root.value
             if target is not root and isinstance(root, ast.Name) and root.id in imported:
-                return f"an assignment into {root.id}, which the module imported"
+                return root.id
     return None
 
 
-def watched_namespaces() -> dict[str, dict]:
-    """{name: namespace} of what a verdict depends on: torch, its tensors and functions, math, builtins,
-    the project's modules, the graders and their helpers. A submission may add to none of them, and
-    change nothing in them."""
-    spaces = {"torch.Tensor": vars(torch.Tensor), "builtins": vars(sys.modules["builtins"])}
+def source_rule_broken(tree: ast.Module) -> str | None:
+    """What in a submission's syntax tree no lab allows, in words, or None."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and banned_import(node):
+            return banned_import(node)
+        if isinstance(node, ast.Name) and (node.id in BANNED_NAMES
+                                           or node.id.startswith("simulated")
+                                           or node.id.startswith("__") and node.id != "__name__"):
+            return f"the name {node.id}"
+        if isinstance(node, ast.Attribute) and (node.attr.startswith(("_", "simulated", "test_"))
+                                                or node.attr in BANNED_ATTRIBUTES):
+            return f"the attribute .{node.attr}"
+        if isinstance(node, ast.ExceptHandler) and (
+                node.type is None or isinstance(node.type, ast.Name)
+                and node.type.id == "BaseException"):
+            return "an except clause that catches everything (the grader's time limit included)"
+    stored = store_into_import(tree)
+    return f"an assignment into {stored}, which the module imported" if stored else None
+
+
+def watched_namespaces() -> dict[str, object]:
+    """{name: module or class} of what a verdict depends on: torch, its tensors and functions,
+    math, builtins, the project's modules, the graders and their helpers."""
+    spaces = {"torch.Tensor": torch.Tensor, "builtins": sys.modules["builtins"]}
+    whole = ("math", "torch", "torch.nn.functional", "generate", "train", "teaching",
+             "_lab_helpers")
     for name, module in list(sys.modules.items()):
-        if name in ("math", "torch", "torch.nn.functional", "generate", "train", "teaching", "_lab_helpers") \
-                or name.startswith(("dflash", "test_", "grader_", "conftest")) or name.endswith("conftest"):
-            spaces[name] = vars(module)
+        if (name in whole or name.startswith(("dflash", "test_", "grader_"))
+                or name.endswith("conftest")):
+            spaces[name] = module
     return spaces
 
 
 class Untouched:
-    """A snapshot of `watched_namespaces`: `check(what)` fails with RuleBroken if a value the snapshot
-    holds was replaced or removed since (a patched torch.allclose, a grader's function swapped)."""
+    """A snapshot of `watched_namespaces`: `check(what)` fails with RuleBroken if a value the
+    snapshot holds was replaced or removed since (a patched torch.allclose, a grader's function
+    swapped), once every such value is put back. New names may come: an import adds them."""
 
     def __init__(self):
-        self.values = {(space, key): value for space, namespace in watched_namespaces().items()
-                       for key, value in list(namespace.items())}
-        self.spaces = {space: namespace for space, namespace in watched_namespaces().items()}
+        self.owners = watched_namespaces()
+        self.values = {(space, key): value for space, owner in self.owners.items()
+                       for key, value in list(vars(owner).items())}
 
     def check(self, what: str) -> None:
-        for (space, key), value in self.values.items():
-            namespace = self.spaces[space]
-            if key not in namespace or namespace[key] is not value:
-                raise RuleBroken(f"{what}: your code changed {space}.{key}; a submission may change nothing "
-                                 "of torch, the project or the grader")
+        changed = [(space, key) for (space, key), value in self.values.items()
+                   if vars(self.owners[space]).get(key, self) is not value]
+        for space, key in changed:  # put back: what runs next in this process is not fooled
+            setattr(self.owners[space], key, self.values[space, key])
+        if changed:
+            space, key = changed[0]
+            raise RuleBroken(f"{what}: your code changed {space}.{key}; a submission may change "
+                             "nothing of torch, the project or the grader")
 
 
 def load_submission(path: Path, name: str, lab: str):
-    """The student's module at `path`, read before it runs (`source_rule_broken`), and imported under a
-    watch (`Untouched`): RuleBroken, naming what is not allowed, if either fails. `lab` opens the message."""
+    """The student's module at `path`, read before it runs (`source_rule_broken`), and imported
+    under a watch (`Untouched`): RuleBroken, naming what is not allowed, if either fails. `lab`
+    opens the message."""
     problem = source_rule_broken(ast.parse(Path(path).read_text(), filename=str(path)))
     if problem:
         raise RuleBroken(f"{lab}: your module uses {problem}, which no lab allows")
@@ -179,7 +201,8 @@ def code_objects(value) -> set:
         seen.add(id(item))
         if isinstance(item, type):
             stack += [member for member in vars(item).values()
-                      if isinstance(member, (types.FunctionType, staticmethod, classmethod, property))]
+                      if isinstance(member, (types.FunctionType, staticmethod, classmethod,
+                                             property))]
         elif isinstance(item, (staticmethod, classmethod)):
             stack.append(item.__func__)
         elif isinstance(item, property):
@@ -194,9 +217,9 @@ def code_objects(value) -> set:
 @contextlib.contextmanager
 def calls_watched(places: dict[object, Sequence[str]], hits: list):
     """While the block runs, every call of a function `places` names is appended to `hits`, by what
-    it is rather than by the name it is called by: a Python function by its code (whichever module,
-    list or closure holds it, or rebuilt from its code), a C function by identity, a tensor method by
-    its name on a tensor."""
+    it is rather than by the name it is called by: a Python function by its code (whichever
+    module, list or closure holds it, or rebuilt from its code), a C function by identity, a
+    tensor method by its name on a tensor."""
     codes, c_functions, tensor_methods = {}, {}, set()
     for owner, names in places.items():
         for name in names:
@@ -278,15 +301,17 @@ def held_anywhere(module, objects: set[int]) -> str | None:
             return list(vars(value).values())
         if isinstance(value, (staticmethod, classmethod)):
             return [value.__func__]
-        if isinstance(value, (types.FunctionType, functools.partial)):
-            function = value.func if isinstance(value, functools.partial) else value
-            cells = [cell.cell_contents for cell in function.__closure__ or () if cell_filled(cell)]
-            extra = list(value.args) + list(value.keywords.values()) if isinstance(value, functools.partial) else []
-            return cells + list(function.__defaults__ or ()) + list((function.__kwdefaults__ or {}).values()) + extra
+        if isinstance(value, functools.partial):
+            return [value.func, *value.args, *value.keywords.values()]
+        if isinstance(value, types.FunctionType):
+            cells = [cell.cell_contents for cell in value.__closure__ or () if cell_filled(cell)]
+            defaults = list(value.__defaults__ or ()) + list((value.__kwdefaults__ or {}).values())
+            return cells + defaults
         return []
 
     def holds(value, depth: int = 0) -> bool:
-        return id(value) in objects or depth < 4 and any(holds(item, depth + 1) for item in inside(value))
+        return id(value) in objects or depth < 4 and any(holds(item, depth + 1)
+                                                         for item in inside(value))
 
     return next((key for key, value in vars(module).items() if holds(value)), None)
 
@@ -392,8 +417,8 @@ class DemoPair:
 class FixturePair:
     """The tests' fixture pair (tests/fixtures: qwen3-tiny-sharded and dflash-tiny), loaded on first
     use: another block size (8), layer count (6), vocabulary (600) and target layer ids than the
-    demo pair's, so that an answer that wrote the demo's down fails. Random weights and no tokenizer:
-    its prompts are random ids, and it has no stop token."""
+    demo pair's, so that an answer that wrote the demo's down fails. Random weights and no
+    tokenizer: its prompts are random ids, and it has no stop token."""
 
     stop_ids: list[int] = []
     tokenizer = None
@@ -435,7 +460,8 @@ def run_dflash(target, drafter, prompt_ids, max_new_tokens: int, **options):
 
 def dflash_loop(demo: DemoPair) -> Callable:
     """The chain loop on the demo pair, as `DemoPair.assert_plugged_in_matches` calls it."""
-    return lambda ids, choices, limit: run_dflash(demo.target, demo.drafter, ids, limit, stop_ids=demo.stop_ids,
+    return lambda ids, choices, limit: run_dflash(demo.target, demo.drafter, ids, limit,
+                                                  stop_ids=demo.stop_ids,
                                                   first_token_choices=choices)
 
 
@@ -541,8 +567,9 @@ class WatchedPooledTau:
         with mock.patch.dict(generate.PASSES, draft=watched):
             for ids, choices in demo.prompts(self.count):
                 runner = runner_class(demo.target, demo.drafter, max_length=len(ids) + self.max_new_tokens + demo.block)
-                lengths += run_dflash(demo.target, demo.drafter, ids, self.max_new_tokens, stop_ids=demo.stop_ids,
-                                      runner=runner, first_token_choices=choices).acceptance_lengths
+                lengths += run_dflash(demo.target, demo.drafter, ids, self.max_new_tokens,
+                                      stop_ids=demo.stop_ids, runner=runner,
+                                      first_token_choices=choices).acceptance_lengths
         self.seen.append(seen)
         self.taus.append(sum(lengths) / len(lengths))
         return self.taus[-1]

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from _lab_helpers import (LABS, ROOT, DemoPair, RuleBroken, Untouched, graded_kind,  # this folder: on the path
-                          load_submission, short_name)
+from _lab_helpers import (LABS, ROOT, DemoPair, RuleBroken, Untouched,  # this folder: on the path
+                          graded_kind, load_submission, short_name)
 
 TIMEOUT = 120  # seconds a grader may run: the slowest solution takes about 10
 
@@ -53,7 +53,8 @@ def lab(request):
 
 
 class TimedOut(BaseException):
-    """A grader ran past its time: a BaseException, so that no `except Exception` in a submission takes it."""
+    """A grader ran past its time: a BaseException, so that no `except Exception` in a submission
+    takes it."""
 
 
 def seconds_allowed() -> int:

@@ -1,8 +1,8 @@
 """Grades lab 01_rmsnorm: against dflash.qwen3.RMSNorm in float32, then bit for bit in bfloat16 and
 float16, then inside the demo pair: every RMSNorm of the target and the drafter computed by the
 student's function. The inputs are drawn at run time, and some rows have an RMS near sqrt(eps),
-where eps changes the answer. The project's RMSNorm (and torch's rms_norm) are switched off while the
-student's function runs on its own."""
+where eps changes the answer. The project's RMSNorm (and torch's rms_norm) are switched off while
+the student's function runs on its own."""
 
 import copy
 from unittest import mock

@@ -1,6 +1,6 @@
-"""Grades lab 01_rope: against RotaryEmbedding + apply_rope (both switched off while the student's function
-runs: it computes the angles itself), the relative-position property, then inside the demo pair: every
-attention layer of the target and the drafter rotates with the student's function."""
+"""Grades lab 01_rope: against RotaryEmbedding + apply_rope (both switched off while the student's
+function runs: it computes the angles itself), the relative-position property, then inside the demo
+pair: every attention layer of the target and the drafter rotates with the student's function."""
 
 import contextlib
 from unittest import mock

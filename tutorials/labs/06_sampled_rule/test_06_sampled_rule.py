@@ -2,9 +2,9 @@
 judges many independent slots (drafts drawn from q, or q's argmax for greedy drafts), on laws drawn
 at run time. How often each token is committed as a kept draft, and as a replacement, must match the
 student's exact parts, and the share of drafts kept the student's keep probabilities. Exact means
-exact: a part no slot could reach (more of a token kept than drafted, or than the target allows), keep
-probabilities that are not the sum of the kept parts, or a greedy probability that is no law's entry,
-is an estimate, however close to the simulation."""
+exact: a part no slot could reach (more of a token kept than drafted, or than the target allows),
+keep probabilities that are not the sum of the kept parts, or a greedy probability that is no law's
+entry, is an estimate, however close to the simulation."""
 
 import torch
 
@@ -68,13 +68,14 @@ def test_sampled_rule(lab):
                 f"that way"
             )
         assert (mine_kept <= torch.minimum(p, q) + 1e-12).all(), (
-            "06_sampled_rule: kept holds a token more often than a slot drafts it or than the rule keeps "
-            "it: compute the parts exactly, do not sample them")
+            "06_sampled_rule: kept holds a token more often than a slot drafts it or than the rule "
+            "keeps it: compute the parts exactly, do not sample them")
         mine_greedy, mine_sampled = lab.keep_probabilities(p, q)
         assert abs(mine_sampled - mine_kept.sum().item()) < 1e-9, (
             "06_sampled_rule: your sampled keep probability is not the total of your kept parts")
         assert any(abs(mine_greedy - chance) < 1e-12 for chance in p.tolist()), (
-            "06_sampled_rule: your greedy keep probability is an estimate: it can be computed exactly")
+            "06_sampled_rule: your greedy keep probability is an estimate: it can be computed "
+            "exactly")
         for rule, mine, seen in (
             ("greedy", mine_greedy, greedy),
             ("sampled", mine_sampled, kept.sum().item()),

@@ -1,13 +1,15 @@
-"""Grades lab 09_capstone: the student's speculative loop, on runners the grader builds, against the plain
-loop and against generate_dflash, on cases drawn at run time: the demo pair and a fixture pair, block sizes
-from 2 to 16, prompts of several lengths (random ids, and held-out problems stopping at a stop token).
+"""Grades lab 09_capstone: the student's speculative loop, on runners the grader builds, against the
+plain loop and against generate_dflash, on cases drawn at run time: the demo pair and a fixture
+pair, block sizes from 2 to 16, prompts of several lengths (random ids, and held-out problems
+stopping at a stop token).
 
-Every call the student's loop makes on the runner is recorded, and so are generate_dflash's on a runner
-of the same shape: a wrong step is named by what went wrong in it, without the value it should have had,
-and a loop that raises is named in one line, not by a traceback from inside the model. The limits
-include 0 and 1, and a stop token the prefill itself writes. The tokens a step brings to the host are
-counted (every .item(), .tolist(), int() or comparison read in Python outside the runner): once per step.
-The project's loops are switched off while the student's runs; every reference is computed before."""
+Every call the student's loop makes on the runner is recorded, and so are generate_dflash's on a
+runner of the same shape: a wrong step is named by what went wrong in it, without the value it
+should have had, and a loop that raises is named in one line, not by a traceback from inside the
+model. The limits include 0 and 1, and a stop token the prefill itself writes. The tokens a step
+brings to the host are counted (every .item(), .tolist(), int() or comparison read in Python outside
+the runner): once per step. The project's loops are switched off while the student's runs; every
+reference is computed before."""
 
 import contextlib
 
@@ -27,8 +29,9 @@ FIXTURES = ROOT / "tests" / "fixtures"
 
 
 HOST_READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__int__, torch.Tensor.__float__,
-              torch.Tensor.__bool__, torch.Tensor.__index__, torch.Tensor.numpy, torch.Tensor.__format__,
-              torch.Tensor.__repr__, torch.equal, torch.Tensor.equal, torch.allclose, torch.Tensor.allclose}
+              torch.Tensor.__bool__, torch.Tensor.__index__, torch.Tensor.numpy,
+              torch.Tensor.__format__, torch.Tensor.__repr__, torch.equal, torch.Tensor.equal,
+              torch.allclose, torch.Tensor.allclose}
 
 
 class HostReads(TorchFunctionMode):
@@ -49,7 +52,8 @@ class HostReads(TorchFunctionMode):
 
     @contextlib.contextmanager
     def off(self):
-        """Off for the block (the runner's passes: not watched, and not slowed down), then on again if it was."""
+        """Off for the block (the runner's passes: not watched, and not slowed down), then on
+        again if it was."""
         was_on = self.on
         if was_on:
             self.__exit__(None, None, None)
@@ -67,7 +71,8 @@ class HostReads(TorchFunctionMode):
 
 class Recording(Wrapped):
     """A runner whose calls are recorded, in order: ("draft", context rows, last), ("verify",),
-    ("commit", kept); the prefill opens the record. Its calls pause `reads` (a HostReads), if given."""
+    ("commit", kept); the prefill opens the record. Its calls pause `reads` (a HostReads), if
+    given."""
 
     def __init__(self, runner, reads: HostReads | None = None):
         super().__init__(runner)
@@ -98,7 +103,7 @@ class Recording(Wrapped):
         try:
             with self.reads.off():
                 return getattr(self.runner, name)(*args, **options)
-        except Exception as error:  # a wrong argument: the student's step, not the model, is to blame
+        except Exception as error:  # a wrong argument: the student's step is at fault
             raise WrongCall(f"runner.{name} raised {type(error).__name__}") from error
         finally:
             self.reads.paused -= 1
@@ -189,8 +194,8 @@ def test_capstone(lab, demo):
     short = [rng.randrange(demo.target.config.vocab_size - 1) for _ in range(rng.randint(2, 20))]
     first = generate.generate_autoregressive(demo.target, short, 1).new_ids  # the prefill's token
     cases += [("the demo pair, max_new_tokens 1", demo.target, demo.drafter, 16, short, 1, ()),
-              ("the demo pair, a stop token the prefill writes", demo.target, demo.drafter, 16, short, 20,
-               tuple(first))]
+              ("the demo pair, a stop token the prefill writes", demo.target, demo.drafter, 16,
+               short, 20, tuple(first))]
     # Every reference before the student's code runs (and with the project's loops switched on).
     references = []
     for name, target, drafter, block, prompt, new, stops in cases:
@@ -220,11 +225,13 @@ def test_capstone(lab, demo):
                         f"your loop raised {type(error).__name__}")
                 raise AssertionError(
                     f"09_capstone ({name}): {what} in step {max(steps - 1, 0)}, after the calls "
-                    f"{', '.join(call[0] for call in mine.calls[-4:])} (--tb=long shows where)") from error
+                    f"{', '.join(call[0] for call in mine.calls[-4:])} (--tb=long shows where)"
+                ) from error
             steps = len(mine.steps())
             assert reads.count <= steps, (
-                f"09_capstone ({name}): your loop read tensors into Python {reads.count} times in {steps} "
-                "steps: a step's tokens reach the host once (bring both tensors over in one call)")
+                f"09_capstone ({name}): your loop read tensors into Python {reads.count} times in "
+                f"{steps} steps: a step's tokens reach the host once (bring both tensors over in "
+                "one call)")
             mine_all.append((mine, list(new_ids), list(lengths)))
     for (name, *_), (plain, right, result), (mine, new_ids, lengths) in zip(cases, references, mine_all):
         assert_steps_match(mine, right, name)
@@ -235,5 +242,6 @@ def test_capstone(lab, demo):
             f"09_capstone ({name}): the acceptance lengths you return are not the tokens each step "
             f"committed (the target's own token counts, and a step past the limit counts whole)")
     taus = [sum(lengths) / len(lengths) for _, _, lengths in mine_all if lengths]
-    right_taus = [result.mean_acceptance for _, _, result in references if result.acceptance_lengths]
+    right_taus = [result.mean_acceptance for _, _, result in references
+                  if result.acceptance_lengths]
     assert taus == right_taus, "09_capstone: your loop's tau differs from generate_dflash's"
