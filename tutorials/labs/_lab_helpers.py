@@ -3,7 +3,10 @@ loop's answers to compare a plugged-in piece against, and the tools that enforce
 
 The graders never hold an answer: they compare with the project's own code, with a simulation, or
 with a property the answer must have, and they switch off the calls a lab forbids while the
-student's function runs.
+student's function runs. The student's module runs in the grader's process, so it is read before
+it runs (`load_submission`: what it imports, what it reaches into) and the namespaces a verdict
+depends on are compared before and after it (`Untouched`); a forbidden call is seen by what it
+runs, whatever name it goes by (`calls_watched`).
 """
 
 from __future__ import annotations
