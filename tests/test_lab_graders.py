@@ -17,12 +17,15 @@ import itertools
 import math
 import os
 import re
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
-from _lab_helpers import DemoPair  # tutorials/labs/, on the tests' path (pyproject.toml)
+from _lab_helpers import (DemoPair, RuleBroken, Untouched,  # tutorials/labs/, on the tests' path
+                         load_submission)
 
 torch.set_num_threads(1)
 
@@ -53,6 +56,13 @@ MEMORISED = (
 )
 
 
+GQA_REST = """
+                    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+                    seq = q.shape[2]
+                    causal = torch.ones(seq, seq, dtype=torch.bool).tril()
+                    return scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v
+                """  # the end of a GQA answer that copies k and v first
+
 # Each lab: (what the wrong answer is, its edits of solution.py): the student's wrong answers,
 # not the grader's.
 WRONG = {
@@ -75,6 +85,29 @@ WRONG = {
         (
             "variance instead of the mean square",
             [replace("x32.pow(2).mean(-1, keepdim=True)", "x32.var(-1, keepdim=True)")],
+        ),
+        (
+            "the project's RMSNorm.forward, captured at import",
+            [
+                append("""
+                from dflash import qwen3
+                NORMS = [qwen3.RMSNorm]
+                def my_rms_norm(x, weight, eps):
+                    norm = NORMS[0](x.shape[-1], eps)
+                    norm.weight.data = weight
+                    return norm(x)
+                """)
+            ],
+        ),
+        (
+            "torch's rms_norm",
+            [
+                append("""
+                import torch.nn.functional as F
+                def my_rms_norm(x, weight, eps):
+                    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+                """)
+            ],
         ),
     ],
     "01_rope": [
@@ -99,6 +132,18 @@ WRONG = {
         (
             "positions off by one",
             [replace("positions.float()[:, None]", "(positions.float()[:, None] + 1)")],
+        ),
+        (
+            "RotaryEmbedding and apply_rope, captured at import",
+            [
+                append("""
+                from dflash import qwen3
+                PROJECT = {"angles": qwen3.RotaryEmbedding, "rotate": qwen3.apply_rope}
+                def my_rope(x, positions, theta):
+                    cos, sin = PROJECT["angles"](x.shape[-1], theta)(positions, x.dtype)
+                    return PROJECT["rotate"](x, cos, sin)
+                """)
+            ],
         ),
         (
             "angles in float16",
@@ -152,6 +197,86 @@ WRONG = {
                     ".reshape(batch, heads, seq, d)",
                     ".transpose(1, 2).reshape(batch, heads, seq, d)",
                 ),
+            ],
+        ),
+        # the rule enforced by what the function does, not by what it calls (issue 48)
+        (
+            "keys and values copied by indexing",
+            [
+                append("""
+                def my_grouped_attention(q, k, v):
+                    groups = q.shape[1] // k.shape[1]
+                    heads = torch.arange(q.shape[1]) // groups
+                    k, v = k[:, heads], v[:, heads]""" + GQA_REST),
+            ],
+        ),
+        (
+            "keys and values copied by broadcasting against ones",
+            [
+                append("""
+                def my_grouped_attention(q, k, v):
+                    batch, heads, seq, d = q.shape
+                    ones = torch.ones(1, 1, heads // k.shape[1], 1, 1)
+                    k = (k[:, :, None] * ones).reshape(batch, heads, seq, d)
+                    v = (v[:, :, None] * ones).reshape(batch, heads, seq, d)""" + GQA_REST),
+            ],
+        ),
+        (
+            "keys and values copied into a new tensor",
+            [
+                append("""
+                def my_grouped_attention(q, k, v):
+                    batch, heads, seq, d = q.shape
+                    groups = heads // k.shape[1]
+                    repeated_k = torch.zeros(batch, k.shape[1], groups, seq, d)
+                    repeated_v = torch.zeros(batch, k.shape[1], groups, seq, d)
+                    repeated_k[:] = k[:, :, None]
+                    repeated_v[:] = v[:, :, None]
+                    k = repeated_k.view(batch, heads, seq, d)
+                    v = repeated_v.view(batch, heads, seq, d)"""
+                       + GQA_REST),
+            ],
+        ),
+        (
+            "a softmax that overflows",
+            [replace(".softmax(dim=-1)",
+                     ".exp()\n    weights = weights / weights.sum(-1, keepdim=True)")],
+        ),
+        (
+            "torch.allclose replaced at import",
+            [replace(" / math.sqrt(d)", ""),
+             append("torch.allclose = lambda *args, **kwargs: True")],
+        ),
+        (
+            "torch.allclose replaced through another name, inside the function",
+            [
+                replace(" / math.sqrt(d)", ""),
+                replace("    batch, heads, seq, d = q.shape",
+                        "    same.allclose = lambda *args, **kwargs: True\n"
+                        "    batch, heads, seq, d = q.shape"),
+                append("same = torch"),
+            ],
+        ),
+        (
+            "repeat_interleave stashed in a list at import",
+            [
+                append("""
+                COPIERS = [torch.repeat_interleave]
+                def my_grouped_attention(q, k, v):
+                    groups = q.shape[1] // k.shape[1]
+                    k = COPIERS[0](k, groups, dim=1)
+                    v = COPIERS[0](v, groups, dim=1)""" + GQA_REST),
+            ],
+        ),
+        (
+            "the grader's rule switched off through sys.modules",
+            [
+                prepend("import sys"),
+                replace(" / math.sqrt(d)", ""),
+                append("""
+                import contextlib
+                sys.modules["_lab_helpers"].forbidden = lambda *args: contextlib.nullcontext()
+                """),
             ],
         ),
     ],
@@ -280,6 +405,13 @@ WRONG = {
             ],
         ),
         ("guesses read one slot early", [replace("out[0, 1:]", "out[0, :-1]")]),
+        (
+            "the demo pair's block size and mask token written down",
+            [
+                replace("[config.mask_token_id] * (config.block_size - 1)", "[1020] * 15"),
+                replace("[n + 1] * (config.block_size - 1)", "[n + 1] * 15"),
+            ],
+        ),
     ],
     "03_one_layer": [
         (
@@ -292,6 +424,11 @@ WRONG = {
             ],
         ),
         ("keyed by index, not layer id", [replace("taus[layer] =", "taus[index] =")]),
+        (
+            "the demo pair's layers written down",
+            [replace("layers, hidden = pair.drafter.config.target_layer_ids, "
+                     "pair.target.config.hidden_size", "layers, hidden = [1, 5], 128")],
+        ),
         (
             "the layer zeroed, not kept",
             [
@@ -516,6 +653,46 @@ WRONG = {
             "sampled kept with p . q",
             [replace("torch.minimum(p, q).sum().item()", "(p * q).sum().item()")],
         ),
+        (
+            "p / q where neither law draws the token",
+            [replace("torch.where(q > 0, q * torch.clamp(p / q, max=1.0), 0.0)",
+                     "q * torch.clamp(p / q, max=1.0)")],
+        ),
+        (
+            "the grader's simulation, imported from its test file",
+            [
+                append("""
+                from test_06_sampled_rule import simulate
+                def committed_parts(p, q):
+                    kept, replaced, _ = simulate(p, q, torch.Generator().manual_seed(1))
+                    return kept, replaced
+                """)
+            ],
+        ),
+        (
+            "a Monte Carlo estimate of the parts",
+            [
+                append("""
+                from dflash.sampling import verdicts
+                def estimate(p, q):
+                    slots = 1_000_000
+                    generator = torch.Generator().manual_seed(7)
+                    drafts = torch.multinomial(q, slots, replacement=True, generator=generator)
+                    committed = verdicts(p.expand(slots, len(p)), drafts,
+                                         q.expand(slots, len(q)), generator)
+                    kept = committed == drafts
+                    def share(where):
+                        return torch.bincount(committed[where], minlength=len(p)).double() / slots
+                    return share(kept), share(~kept)
+                def committed_parts(p, q):
+                    return estimate(p, q)
+                def keep_probabilities(p, q):
+                    greedy = torch.multinomial(p, 1_000_000, replacement=True) == q.argmax()
+                    greedy = greedy.double()
+                    return greedy.mean().item(), estimate(p, q)[0].sum().item()
+                """)
+            ],
+        ),
     ],
     "07_ancestor_mask": [
         (MEMORISED, []),
@@ -665,6 +842,10 @@ WRONG = {
             "the draft pass left out",
             [replace("step = batched_pass_ms(costs.drafter, gpu, batch, 2 * block) + ", "step = ")],
         ),
+        (
+            "speculating even where it loses",
+            [replace("return best if speedup(best) > 1 else 1", "return best")],
+        ),
     ],
     "09_capstone": [
         ("commits the target's own token too", [replace("runner.commit(accepted + 1)", "runner.commit(accepted + 2)")]),
@@ -685,6 +866,52 @@ WRONG = {
         ("the stop token not looked for", [replace(
             "            if len(new_ids) == max_new_tokens or new_ids[-1] in stop_ids:",
             "            if len(new_ids) == max_new_tokens:")]),
+        ("a host sync per token", [replace(
+            "        both = torch.cat([drafts, target_tokens]).tolist()  # one host sync\n"
+            "        drafts, target_tokens = both[:block - 1], both[block - 1:]",
+            "        drafts = [token.item() for token in drafts]\n"
+            "        target_tokens = [token.item() for token in target_tokens]")]),
+        ("the prefill's token written when none is asked for", [replace(
+            "    if max_new_tokens == 0:\n        return [], []", "")]),
+        ("a stop token from the prefill not looked for", [replace(
+            "while len(new_ids) < max_new_tokens and new_ids[-1] not in stop_ids:",
+            "while len(new_ids) < max_new_tokens and (not lengths or new_ids[-1] not in "
+            "stop_ids):")]),
+        ("a step taken at max_new_tokens 1", [replace(
+            "while len(new_ids) < max_new_tokens and new_ids[-1] not in stop_ids:",
+            "while (not lengths or len(new_ids) < max_new_tokens) and new_ids[-1] not in "
+            "stop_ids:")]),
+        ("drafts of the wrong shape passed to verify", [replace(
+            "runner.verify(drafts)", "runner.verify(drafts[None])")]),
+        ("generate_dflash rebuilt from its __wrapped__.__code__", [append("""
+            import generate
+            def my_generate_dflash(runner, prompt_ids, max_new_tokens, stop_ids=()):
+                code = generate.generate_dflash.__wrapped__.__code__
+                loop = type(my_generate_dflash)(code, vars(generate))
+                result = loop(runner.target, runner.drafter, prompt_ids, max_new_tokens,
+                              stop_ids=stop_ids, runner=runner)
+                return result.new_ids, result.acceptance_lengths
+            """)]),
+        ("the project's loop stashed in a list at import", [append("""
+            import generate
+            LOOPS = [generate.generate_dflash]
+            def my_generate_dflash(runner, prompt_ids, max_new_tokens, stop_ids=()):
+                result = LOOPS[0](runner.target, runner.drafter, prompt_ids, max_new_tokens,
+                                  stop_ids=stop_ids, runner=runner)
+                return result.new_ids, result.acceptance_lengths
+            """)]),
+        ("the project's loop reached through benchmarks/step_overheads", [append("""
+            import step_overheads
+            def my_generate_dflash(runner, prompt_ids, max_new_tokens, stop_ids=()):
+                result = step_overheads.generate.generate_dflash(
+                    runner.target, runner.drafter, prompt_ids, max_new_tokens, stop_ids=stop_ids,
+                    runner=runner)
+                return result.new_ids, result.acceptance_lengths
+            """)]),
+        ("the grader's helpers imported", [append("""
+            import _lab_helpers
+            _lab_helpers.forbidden = lambda *args: __import__("contextlib").nullcontext()
+            """), replace("runner.commit(accepted + 1)", "runner.commit(accepted + 2)")]),
     ],
     "09_capstone_tree": [
         ("one step down the tree at most", [replace(
@@ -792,9 +1019,13 @@ def demo() -> DemoPair:
 
 
 def grade(lab: str, path: Path, demo: DemoPair, *, wrap=None) -> tuple[str | None, object]:
-    """Run `lab`'s grader on the module at `path`: (its failure message, or None if it passed; the
-    module)."""
-    module = load_module(path, f"graded_{lab}_{path.parent.name}")
+    """Run `lab`'s grader on the module at `path`, read and imported as the labs' conftest does it:
+    (its failure message, or None if it passed; the module, None where it was refused unread)."""
+    untouched = Untouched()
+    try:
+        module = load_submission(path, f"graded_{lab}_{path.parent.name}", lab)
+    except RuleBroken as error:
+        return str(error), None
     if wrap is not None:
         wrap(module)
     grader_path = next((LABS / lab).glob("test_*.py"))
@@ -808,6 +1039,7 @@ def grade(lab: str, path: Path, demo: DemoPair, *, wrap=None) -> tuple[str | Non
     wanted = {name: arguments[name] for name in inspect.signature(test).parameters}
     try:
         test(**wanted)
+        untouched.check(lab)
     except AssertionError as error:  # a grader's verdict (RuleBroken is one too)
         return str(error).split("\nassert ")[0] or "(an assertion without a message)", module
     except Exception as error:  # a wrong answer may also crash the grader's use of it: rejected too
@@ -841,9 +1073,19 @@ def renderings(value) -> set[str]:
     return {text for text in found if len(text) >= 4}
 
 
-NAMED_BUGS = {
-    "labels shifted by one slot": "shifted by one slot"
-}  # wrong answers whose message must name them
+NAMED_BUGS = {  # wrong answers whose message must name them
+    "labels shifted by one slot": "shifted by one slot",
+    "keys and values copied by indexing": "once per query group",
+    "keys and values copied by broadcasting against ones": "once per query group",
+    "keys and values copied into a new tensor": "once per query group",
+    "a softmax that overflows": "overflow",
+    "torch.allclose replaced through another name, inside the function": "changed torch.allclose",
+    "a host sync per token": "reach the host once",
+    "drafts of the wrong shape passed to verify": "runner.verify raised",
+    "the grader's simulation, imported from its test file": "import of test_06_sampled_rule",
+    "p / q where neither law draws the token": "0 / 0",
+    "speculating even where it loses": "under 1",
+}
 SOLUTION_RUNS: dict[str, tuple[int, list]] = {}
 
 
@@ -910,7 +1152,7 @@ def test_the_grader_rejects_a_wrong_answer(lab, name, edits, demo, tmp_path, mon
         )
     if name != MEMORISED:
         printed = set().union(*map(renderings, answers)) if answers else set()
-        own = set().union(*map(renderings, mine[0].answers)) if mine[0].answers else set()
+        own = set().union(*map(renderings, mine[0].answers)) if mine and mine[0].answers else set()
         leaked = sorted(text for text in printed - own if printed_in(text, message))
         assert not leaked, (
             f"{lab}: the failure message for '{name}' prints the expected {leaked}: {message}"
@@ -926,3 +1168,64 @@ def test_a_plug_in_check_computes_its_reference_before_the_students_piece_is_in(
     with pytest.raises(AssertionError, match="with your RoPE"):
         fresh.assert_plugged_in_matches(grader.plugged_in(lambda x, positions, theta: x),
                                         grader.dflash_loop(fresh), "01_rope: with your RoPE")
+
+
+LOOPS_FOREVER = {"at import": "while True:\n    pass\n",
+                 "when called": "def tau_from_histogram(histogram):\n"
+                                "    while True:\n"
+                                "        pass\n"}
+
+
+@pytest.mark.parametrize("where", LOOPS_FOREVER)
+def test_a_grader_that_runs_too_long_fails_in_one_line(where, tmp_path):
+    """A submission that never returns (a forgotten increment) fails its lab at the time limit, in
+    one line, at import or when called: the graders' own run is not stuck on it. The lab is copied,
+    with the labs' conftest and helpers, into a folder where its starter loops."""
+    labs = tmp_path / "tutorials" / "labs"
+    (labs / "05_histogram").mkdir(parents=True)
+    for name in ("conftest.py", "_lab_helpers.py", "05_histogram/test_05_histogram.py"):
+        (labs / name).write_text((LABS / name).read_text())
+    (labs / "05_histogram" / "starter.py").write_text(LOOPS_FOREVER[where])
+    root = LABS.parents[1]
+    env = {**os.environ, "DFLASH_LABS_TIMEOUT": "2", "DFLASH_LABS": "starters",
+           "PYTHONPATH": os.pathsep.join(str(root / part)
+                                         for part in ("", "tutorials", "benchmarks"))}
+    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                          str(labs)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 1, run.stdout + run.stderr
+    verdict = [line for line in run.stdout.splitlines() if "stopped after" in line]
+    assert verdict and verdict[0].startswith("05_histogram: stopped after 2 s"), run.stdout
+    assert "Traceback" not in run.stdout, run.stdout
+
+
+def test_forbidden_calls_are_seen_whatever_name_they_go_by():
+    """The watch behind `forbidden`: a forbidden function is seen by what it runs, called from a
+    list, a closure, or rebuilt from its code; a C function by identity, a tensor method by its
+    name on a tensor. Only the watched calls are seen."""
+    import types
+
+    import dflash.qwen3
+    import dflash.tree
+    from _lab_helpers import calls_watched
+
+    places = {dflash.tree: ["ancestor_mask"], torch: ["repeat_interleave"],
+              torch.Tensor: ["repeat"]}
+    parents = [-1, 0, 0, 1]
+    stash = [dflash.tree.ancestor_mask]
+    rebuilt = types.FunctionType(dflash.tree.ancestor_mask.__code__, vars(dflash.tree))
+    closure = (lambda function: lambda: function(parents))(dflash.tree.ancestor_mask)
+    ways = {"a list": lambda: stash[0](parents), "a closure": closure,
+            "its code, rebuilt": lambda: rebuilt(parents),
+            "a C function": lambda: torch.repeat_interleave(torch.ones(2), 2),
+            "a tensor method": lambda: torch.ones(2).repeat(2)}
+    for way, call in ways.items():
+        hits = []
+        with calls_watched(places, hits):
+            call()
+        assert hits, f"a forbidden call through {way} was not seen"
+    hits = []
+    with calls_watched(places, hits):
+        torch.ones(2).sum()
+        dflash.tree.build_tree(0, [[-0.1]], [[1]], 1)
+    assert not hits, hits

@@ -3,7 +3,10 @@ loop's answers to compare a plugged-in piece against, and the tools that enforce
 
 The graders never hold an answer: they compare with the project's own code, with a simulation, or
 with a property the answer must have, and they switch off the calls a lab forbids while the
-student's function runs.
+student's function runs. The student's module runs in the grader's process, so it is read before
+it runs (`load_submission`: what it imports, what it reaches into) and the namespaces a verdict
+depends on are compared before and after it (`Untouched`); a forbidden call is seen by what it
+runs, whatever name it goes by (`calls_watched`).
 """
 
 from __future__ import annotations
@@ -11,8 +14,10 @@ from __future__ import annotations
 import ast
 import contextlib
 import functools
+import importlib.util
 import os
 import random
+import sys
 import types
 from pathlib import Path
 from typing import Callable, Sequence
@@ -27,12 +32,13 @@ from dflash.measure import certain_logits
 from dflash.prompts import encode_for_generation, read_prompts
 from dflash.qwen3 import Qwen3, Qwen3Config
 from dflash.tokenizer import load_tokenizer
-from generate import ModelRunner, generate_autoregressive, generate_dflash, generate_dflash_tree
+from generate import ModelRunner, generate_autoregressive, generate_dflash_tree
 
 LABS = Path(__file__).resolve().parent
 ROOT = LABS.parents[1]  # the repository: dflash/, generate.py, weights/
 
 WEIGHTS = ROOT / "weights"
+FIXTURES = ROOT / "tests" / "fixtures"  # the second pair: FixturePair
 PLAIN_PROMPTS, PLAIN_TOKENS = 2, 48  # the held-out prompts and new tokens a plugged-in piece is compared on
 
 
@@ -70,15 +76,197 @@ class RuleBroken(AssertionError):
     """The student's function called something its lab forbids."""
 
 
+# ------------------------------------------------------------------ what a submission may do
+# The student's module runs inside the grader's process, so it is read before it runs: it may
+# import only what a lab needs, and may not reach the machinery that could change a verdict (the
+# import system, the interpreter's modules, frames, a function's code, the graders, their helpers).
+ALLOWED_IMPORTS = {"__future__", "math", "cmath", "heapq", "bisect", "functools", "itertools",
+                   "collections", "dataclasses", "typing", "statistics", "fractions", "torch",
+                   "torch.nn", "torch.nn.functional", "dflash", "generate", "train"}
+BANNED_NAMES = {"eval", "exec", "compile", "open", "getattr", "setattr", "delattr", "vars",
+                "globals", "locals", "breakpoint", "input", "memoryview", "__import__",
+                "__builtins__", "__file__", "__loader__", "__spec__"}
+BANNED_ATTRIBUTES = {"sys", "os", "modules", "builtins", "importlib", "subprocess", "gc", "inspect",
+                     "ctypes", "threading", "signal", "library", "ops", "overrides", "utils",
+                     "setprofile", "settrace", "mock", "unittest", "pathlib", "Path", "shutil",
+                     "pickle", "marshal", "f_globals", "f_back", "f_locals", "f_code", "tb_frame",
+                     "gi_frame", "cr_frame"}
+
+
+def banned_import(node: ast.Import | ast.ImportFrom) -> str | None:
+    """What an import statement brings in that no lab allows, in words, or None."""
+    if isinstance(node, ast.ImportFrom) and node.level:
+        return "a relative import"
+    for alias in node.names:
+        module = node.module if isinstance(node, ast.ImportFrom) else alias.name
+        if not (module in ALLOWED_IMPORTS or module.split(".")[0] == "dflash"):
+            return f"import of {module} (a lab imports torch, math, dflash, generate, train only)"
+        if alias.name.startswith(("_", "simulated")) or alias.name in BANNED_ATTRIBUTES:
+            return f"import of {alias.name}"
+    return None
+
+
+def store_into_import(tree: ast.Module) -> str | None:
+    """The name of an import an assignment reaches into (`torch.allclose = ...`,
+    `generate.PASSES[...] = ...`), or None."""
+    imported = {(alias.asname or alias.name).split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, (ast.Import, ast.ImportFrom)) for alias in node.names}
+    for node in ast.walk(tree):
+        targets = (node.targets if isinstance(node, (ast.Assign, ast.Delete)) else
+                   [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        for target in targets:
+            root = target
+            while isinstance(root, (ast.Attribute, ast.Subscript)):
+                root = root.value
+            if target is not root and isinstance(root, ast.Name) and root.id in imported:
+                return root.id
+    return None
+
+
+def source_rule_broken(tree: ast.Module) -> str | None:
+    """What in a submission's syntax tree no lab allows, in words, or None."""
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)) and banned_import(node):
+            return banned_import(node)
+        if isinstance(node, ast.Name) and (node.id in BANNED_NAMES
+                                           or node.id.startswith("simulated")
+                                           or node.id.startswith("__") and node.id != "__name__"):
+            return f"the name {node.id}"
+        if isinstance(node, ast.Attribute) and (node.attr.startswith(("_", "simulated", "test_"))
+                                                or node.attr in BANNED_ATTRIBUTES):
+            return f"the attribute .{node.attr}"
+        if isinstance(node, ast.ExceptHandler) and (
+                node.type is None or isinstance(node.type, ast.Name)
+                and node.type.id == "BaseException"):
+            return "an except clause that catches everything (the grader's time limit included)"
+    stored = store_into_import(tree)
+    return f"an assignment into {stored}, which the module imported" if stored else None
+
+
+def watched_namespaces() -> dict[str, object]:
+    """{name: module or class} of what a verdict depends on: torch, its tensors and functions,
+    math, builtins, the project's modules, the graders and their helpers."""
+    spaces = {"torch.Tensor": torch.Tensor, "builtins": sys.modules["builtins"]}
+    whole = ("math", "torch", "torch.nn.functional", "generate", "train", "teaching",
+             "_lab_helpers")
+    for name, module in list(sys.modules.items()):
+        if (name in whole or name.startswith(("dflash", "test_", "grader_"))
+                or name.endswith("conftest")):
+            spaces[name] = module
+    return spaces
+
+
+class Untouched:
+    """A snapshot of `watched_namespaces`: `check(what)` fails with RuleBroken if a value the
+    snapshot holds was replaced or removed since (a patched torch.allclose, a grader's function
+    swapped), once every such value is put back. New names may come: an import adds them."""
+
+    def __init__(self):
+        self.owners = watched_namespaces()
+        self.values = {(space, key): value for space, owner in self.owners.items()
+                       for key, value in list(vars(owner).items())}
+
+    def check(self, what: str) -> None:
+        changed = [(space, key) for (space, key), value in self.values.items()
+                   if vars(self.owners[space]).get(key, self) is not value]
+        for space, key in changed:  # put back: what runs next in this process is not fooled
+            setattr(self.owners[space], key, self.values[space, key])
+        if changed:
+            space, key = changed[0]
+            raise RuleBroken(f"{what}: your code changed {space}.{key}; a submission may change "
+                             "nothing of torch, the project or the grader")
+
+
+def load_submission(path: Path, name: str, lab: str):
+    """The student's module at `path`, read before it runs (`source_rule_broken`), and imported
+    under a watch (`Untouched`): RuleBroken, naming what is not allowed, if either fails. `lab`
+    opens the message."""
+    problem = source_rule_broken(ast.parse(Path(path).read_text(), filename=str(path)))
+    if problem:
+        raise RuleBroken(f"{lab}: your module uses {problem}, which no lab allows")
+    untouched = Untouched()
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    untouched.check(lab)
+    return module
+
+
+def code_objects(value) -> set:
+    """The code objects a Python callable runs: a function's own and those it wraps (`__wrapped__`),
+    a class's methods. Empty for what is written in C."""
+    codes, seen = set(), set()
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, type):
+            stack += [member for member in vars(item).values()
+                      if isinstance(member, (types.FunctionType, staticmethod, classmethod,
+                                             property))]
+        elif isinstance(item, (staticmethod, classmethod)):
+            stack.append(item.__func__)
+        elif isinstance(item, property):
+            stack += [item.fget, item.fset]
+        elif isinstance(item, types.FunctionType):
+            codes.add(item.__code__)
+        if getattr(item, "__wrapped__", None) is not None:
+            stack.append(item.__wrapped__)
+    return codes
+
+
 @contextlib.contextmanager
-def switched_off(rule: str, places: dict[object, Sequence[str]]):
-    """While the block runs, calling any `places` ({module or class: [names]}) fails with `rule`.
+def calls_watched(places: dict[object, Sequence[str]], hits: list):
+    """While the block runs, every call of a function `places` names is appended to `hits`, by what
+    it is rather than by the name it is called by: a Python function by its code (whichever
+    module, list or closure holds it, or rebuilt from its code), a C function by identity, a
+    tensor method by its name on a tensor."""
+    codes, c_functions, tensor_methods = {}, {}, set()
+    for owner, names in places.items():
+        for name in names:
+            if not hasattr(owner, name):
+                continue
+            value, label = getattr(owner, name), f"{getattr(owner, '__name__', owner)}.{name}"
+            found = code_objects(value)
+            codes.update(dict.fromkeys(found, label))
+            if not found:
+                c_functions[id(value)] = label
+                if owner is torch.Tensor:
+                    tensor_methods.add(name)
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code in codes:
+            hits.append(codes[frame.f_code])
+        elif event == "c_call":
+            if id(arg) in c_functions:
+                hits.append(c_functions[id(arg)])
+            elif getattr(arg, "__name__", None) in tensor_methods and isinstance(
+                    getattr(arg, "__self__", None), torch.Tensor):
+                hits.append(f"Tensor.{arg.__name__}")
+
+    before = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        yield
+    finally:
+        sys.setprofile(before)
+
+
+@contextlib.contextmanager
+def switched_off(rule: str, places: dict[object, Sequence[str]], hits: list | None = None):
+    """While the block runs, calling any `places` ({module or class: [names]}) fails with `rule`
+    (and is appended to `hits`, should the student's code catch the failure).
 
     How a grader enforces "without X" instead of trusting it: the student's function runs inside
     this block, the grader's own reference computations outside it.
     """
+    hits = [] if hits is None else hits
+
     def forbidden(name: str) -> Callable:
         def refuse(*args, **kwargs):
+            hits.append(name)
             raise RuleBroken(f"{rule}: your function called {name}, which this lab switches off")
         return refuse
 
@@ -104,12 +292,48 @@ def names_in_source(module) -> set[str]:
     return names
 
 
+def held_anywhere(module, objects: set[int]) -> str | None:
+    """The name of a global of `module` that holds one of `objects` (ids): itself, or inside a list,
+    tuple, set, dict, class, closure or default argument; or None."""
+    def inside(value) -> list:
+        if isinstance(value, (list, tuple, set, frozenset)):
+            return list(value)
+        if isinstance(value, dict):
+            return list(value.values())
+        if isinstance(value, type):
+            return list(vars(value).values())
+        if isinstance(value, (staticmethod, classmethod)):
+            return [value.__func__]
+        if isinstance(value, functools.partial):
+            return [value.func, *value.args, *value.keywords.values()]
+        if isinstance(value, types.FunctionType):
+            cells = [cell.cell_contents for cell in value.__closure__ or () if cell_filled(cell)]
+            defaults = list(value.__defaults__ or ()) + list((value.__kwdefaults__ or {}).values())
+            return cells + defaults
+        return []
+
+    def holds(value, depth: int = 0) -> bool:
+        return id(value) in objects or depth < 4 and any(holds(item, depth + 1)
+                                                         for item in inside(value))
+
+    return next((key for key, value in vars(module).items() if holds(value)), None)
+
+
+def cell_filled(cell) -> bool:
+    try:
+        cell.cell_contents
+    except ValueError:  # a closure's variable not yet assigned
+        return False
+    return True
+
+
 @contextlib.contextmanager
 def forbidden(lab, rule: str, places: dict[object, Sequence[str]]):
     """`switched_off`, made whole: what a lab forbids is refused however the student's module
     reached it. Before anything runs, the module's source may not name a forbidden function, nor its
-    globals hold one (an import by name, an alias); then, while the block runs, every call of one
-    fails."""
+    globals hold one (an import by name, an alias, a list or closure that holds it); then, while the
+    block runs, every call of one fails, and a call through another name (another module's import
+    of it, a copy taken at import, a function rebuilt from its code) is seen by what it runs."""
     names = {name for owner_names in places.values() for name in owner_names}
     objects = {
         id(getattr(owner, name))
@@ -117,17 +341,22 @@ def forbidden(lab, rule: str, places: dict[object, Sequence[str]]):
         for name in owner_names
         if hasattr(owner, name)
     }
-    held = sorted(key for key, value in vars(lab).items() if id(value) in objects)
+    held = held_anywhere(lab, objects)
     if held:
-        raise RuleBroken(f"{rule}: your module holds {held[0]}, which this lab forbids")
+        raise RuleBroken(f"{rule}: your module holds {held}, which this lab forbids")
     # the lab's own functions may share a forbidden one's name (08_stop_speculating's)
     own = {key for key, value in vars(lab).items()
            if getattr(value, "__module__", None) == lab.__name__}
     named = sorted(names & names_in_source(lab) - own)
     if named:
         raise RuleBroken(f"{rule}: your code uses {named[0]}, which this lab forbids")
-    with switched_off(rule, places):
-        yield
+    hits: list[str] = []
+    try:
+        with calls_watched(places, hits), switched_off(rule, places, hits):
+            yield
+    finally:
+        if hits:  # even where the student's code caught the failure, or another error followed
+            raise RuleBroken(f"{rule}: your function called {hits[0]}, which this lab switches off")
 
 
 class DemoPair:
@@ -188,10 +417,55 @@ class DemoPair:
                 f"{self.tokenizer.decode(plain)!r} (they part at new token {first})")
 
 
+class FixturePair:
+    """The tests' fixture pair (tests/fixtures: qwen3-tiny-sharded and dflash-tiny), loaded on first
+    use: another block size (8), layer count (6), vocabulary (600) and target layer ids than the
+    demo pair's, so that an answer that wrote the demo's down fails. Random weights and no
+    tokenizer: its prompts are random ids, and it has no stop token."""
+
+    stop_ids: list[int] = []
+    tokenizer = None
+
+    @functools.cached_property
+    def target(self):
+        return Qwen3.from_pretrained(FIXTURES / "qwen3-tiny-sharded")
+
+    @functools.cached_property
+    def drafter(self):
+        return Drafter.from_pretrained(FIXTURES / "dflash-tiny", target=self.target)
+
+    @property
+    def block(self) -> int:
+        return self.drafter.config.block_size
+
+    def drawn_prompt(self, rng: random.Random) -> list[int]:
+        """Random ids, the mask token left out, of a length drawn with `rng`."""
+        return [rng.randrange(self.target.config.vocab_size - 1) for _ in range(rng.randint(4, 40))]
+
+    @functools.cache
+    def prompts(self, count: int) -> list[tuple[list[int], None]]:
+        """`count` random prompts, drawn from the run's seed: (ids, no first-token choices)."""
+        rng = drawn_random()
+        return [(self.drawn_prompt(rng), None) for _ in range(count)]
+
+
+@functools.cache
+def fixture_pair() -> FixturePair:
+    """The one FixturePair of a run: its models load once."""
+    return FixturePair()
+
+
+def run_dflash(target, drafter, prompt_ids, max_new_tokens: int, **options):
+    """generate_dflash, greedy, as every grader calls it (`options`: stop_ids, runner, block_size,
+    first_token_choices): the one place to change should its signature change."""
+    return generate.generate_dflash(target, drafter, prompt_ids, max_new_tokens, **options)
+
+
 def dflash_loop(demo: DemoPair) -> Callable:
     """The chain loop on the demo pair, as `DemoPair.assert_plugged_in_matches` calls it."""
-    return lambda ids, choices, limit: generate_dflash(demo.target, demo.drafter, ids, limit, stop_ids=demo.stop_ids,
-                                                       first_token_choices=choices)
+    return lambda ids, choices, limit: run_dflash(demo.target, demo.drafter, ids, limit,
+                                                  stop_ids=demo.stop_ids,
+                                                  first_token_choices=choices)
 
 
 def tree_loop(demo: DemoPair, budget: int = 16) -> Callable:
@@ -296,9 +570,9 @@ class WatchedPooledTau:
         with mock.patch.dict(generate.PASSES, draft=watched):
             for ids, choices in demo.prompts(self.count):
                 runner = runner_class(demo.target, demo.drafter, max_length=len(ids) + self.max_new_tokens + demo.block)
-                lengths += generate.generate_dflash(demo.target, demo.drafter, ids, self.max_new_tokens,
-                                                    stop_ids=demo.stop_ids, runner=runner,
-                                                    first_token_choices=choices).acceptance_lengths
+                lengths += run_dflash(demo.target, demo.drafter, ids, self.max_new_tokens,
+                                      stop_ids=demo.stop_ids, runner=runner,
+                                      first_token_choices=choices).acceptance_lengths
         self.seen.append(seen)
         self.taus.append(sum(lengths) / len(lengths))
         return self.taus[-1]

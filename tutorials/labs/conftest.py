@@ -5,16 +5,25 @@
 - `demo`: the demo pair, one per session, loaded on first use.
 - A starter function that still raises NotImplementedError fails its lab with one line naming
   the file to edit, and a failed check with its message alone, not a traceback (`--tb=long` shows it).
+- The graded module is read before it runs (what no lab allows: `_lab_helpers.load_submission`), and
+  a grader fails if, by its end, the module changed torch, the project or the grader.
+- A grader that runs longer than DFLASH_LABS_TIMEOUT seconds (120 by default) fails in one line:
+  a loop that never ends costs its lab, not the run.
 - `-k NAME`, where NAME is a lab's name exactly (`-k rope`), selects that lab alone, not every lab
   whose name contains it (`interleaved_rope`).
 """
 
-import importlib.util
+import contextlib
+import os
+import signal
 from pathlib import Path
 
 import pytest
 import torch
-from _lab_helpers import LABS, ROOT, DemoPair, graded_kind, short_name  # this folder: pytest puts it on the path
+from _lab_helpers import (LABS, ROOT, DemoPair, RuleBroken, Untouched,  # this folder: on the path
+                          graded_kind, load_submission, short_name)
+
+TIMEOUT = 120  # seconds a grader may run: the slowest solution takes about 10
 
 
 def pytest_configure(config):
@@ -28,13 +37,53 @@ def demo() -> DemoPair:
 
 @pytest.fixture
 def lab(request):
-    """The graded module of the requesting grader's lab."""
+    """The graded module of the requesting grader's lab, read and imported by `load_submission`; the
+    snapshot it is checked against at the grader's end is taken here, before it runs."""
     folder = request.path.parent
     path = folder / f"{graded_kind()}.py"
-    spec = importlib.util.spec_from_file_location(f"lab_{folder.name}_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    request.node.untouched = Untouched()
+    try:
+        with time_limit():  # a submission's code runs at import too
+            return load_submission(path, f"lab_{folder.name}_{path.stem}", folder.name)
+    except RuleBroken as error:
+        message = str(error)
+    except TimedOut:
+        message = out_of_time_message(folder.name)
+    pytest.fail(message, pytrace=False)
+
+
+class TimedOut(BaseException):
+    """A grader ran past its time: a BaseException, so that no `except Exception` in a submission
+    takes it."""
+
+
+def seconds_allowed() -> int:
+    return int(os.environ.get("DFLASH_LABS_TIMEOUT") or TIMEOUT)
+
+
+def out_of_time(signum, frame):
+    raise TimedOut
+
+
+def out_of_time_message(lab: str) -> str:
+    return (f"{lab}: stopped after {seconds_allowed()} s (a loop that never ends? "
+            "DFLASH_LABS_TIMEOUT sets the limit)")
+
+
+@contextlib.contextmanager
+def time_limit():
+    """TimedOut is raised in the block once it has run `seconds_allowed()` seconds (where there is
+    an alarm signal: not on Windows, where the block runs unlimited)."""
+    if not hasattr(signal, "SIGALRM"):
+        yield
+        return
+    before = signal.signal(signal.SIGALRM, out_of_time)
+    signal.alarm(seconds_allowed())
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
 
 
 def unwritten_function(error: BaseException):
@@ -55,7 +104,13 @@ def pytest_runtest_call(item):
     --tb=long to see that). An unwritten starter function names the file to edit; a failed check keeps its
     message and drops pytest's introspection of the comparison."""
     try:
-        return (yield)
+        with time_limit():
+            result = yield
+        if hasattr(item, "untouched"):
+            item.untouched.check(item.path.parent.name)
+        return result
+    except TimedOut:
+        message = out_of_time_message(item.path.parent.name)
     except NotImplementedError as error:
         where = unwritten_function(error)
         if where is None:

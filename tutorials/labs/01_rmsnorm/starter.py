@@ -12,6 +12,8 @@ def my_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tens
     Divide each vector by its root-mean-square (eps added under the root), then scale by `weight`.
     It must equal `dflash.qwen3.RMSNorm` in float32, and *exactly* on bfloat16 input: bfloat16 keeps 7
     mantissa bits, so where must the arithmetic happen, and when may the result go back to x's dtype?
-    The grader ends by running the demo pair with your function in every RMSNorm layer.
+    Write it from the formula, not with the project's RMSNorm or torch's rms_norm: the grader
+    switches them off while your function runs, then ends by running the demo pair with your
+    function in every RMSNorm layer.
     """
     raise NotImplementedError

@@ -1,15 +1,21 @@
 """Grades lab 01_rmsnorm: against dflash.qwen3.RMSNorm in float32, then bit for bit in bfloat16 and
 float16, then inside the demo pair: every RMSNorm of the target and the drafter computed by the
 student's function. The inputs are drawn at run time, and some rows have an RMS near sqrt(eps),
-where eps changes the answer."""
+where eps changes the answer. The project's RMSNorm (and torch's rms_norm) are switched off while
+the student's function runs on its own."""
 
 import copy
 from unittest import mock
 
 import torch
+import torch.nn.functional as F
 
-from _lab_helpers import dflash_loop, drawn_generator
+import dflash.qwen3
+from _lab_helpers import dflash_loop, drawn_generator, forbidden
 from dflash.qwen3 import RMSNorm
+
+RULE = "01_rmsnorm: the lab asks for RMSNorm from its formula"
+PROJECT_NORMS = {dflash.qwen3: ["RMSNorm"], F: ["rms_norm"], torch: ["rms_norm"]}
 
 
 def drawn_input(generator: torch.Generator, dim: int, eps: float) -> torch.Tensor:
@@ -28,22 +34,22 @@ def test_rmsnorm(lab, demo):
         reference.weight.data = 1 + 0.1 * torch.randn(dim, generator=generator)
         x = drawn_input(generator, dim, eps)  # (batch, seq, dim)
         with torch.no_grad():
-            assert torch.allclose(
-                lab.my_rms_norm(x, reference.weight, reference.eps),
-                reference(x),
-                atol=1e-5,
-                rtol=1e-4,
-            ), (
+            expected = reference(x)
+            with forbidden(lab, RULE, PROJECT_NORMS):
+                mine = lab.my_rms_norm(x, reference.weight, reference.eps)
+            assert torch.allclose(mine, expected, atol=1e-5, rtol=1e-4), (
                 "01_rmsnorm: differs from RMSNorm in float32 (look at the rows whose RMS is near "
                 "sqrt(eps))"
             )
             for dtype in (torch.bfloat16, torch.float16):
                 low = copy.deepcopy(reference).to(dtype)
-                mine = lab.my_rms_norm(x.to(dtype), low.weight, low.eps)
+                expected = low(x.to(dtype))
+                with forbidden(lab, RULE, PROJECT_NORMS):
+                    mine = lab.my_rms_norm(x.to(dtype), low.weight, low.eps)
                 assert mine.dtype == dtype, (
                     f"01_rmsnorm: on {dtype} input the result should be {dtype}, not {mine.dtype}"
                 )
-                assert torch.equal(mine, low(x.to(dtype))), (
+                assert torch.equal(mine, expected), (
                     f"01_rmsnorm: not bit for bit RMSNorm's on {dtype} input (where does your "
                     "arithmetic happen?)"
                 )

@@ -1,5 +1,6 @@
-"""Grades lab 01_rope: against RotaryEmbedding + apply_rope, the relative-position property, then inside the
-demo pair: every attention layer of the target and the drafter rotates with the student's function."""
+"""Grades lab 01_rope: against RotaryEmbedding + apply_rope (both switched off while the student's
+function runs: it computes the angles itself), the relative-position property, then inside the demo
+pair: every attention layer of the target and the drafter rotates with the student's function."""
 
 import contextlib
 from unittest import mock
@@ -7,10 +8,12 @@ from unittest import mock
 import torch
 
 import dflash.qwen3
-from _lab_helpers import dflash_loop, drawn_generator
+from _lab_helpers import dflash_loop, drawn_generator, forbidden
 from dflash.qwen3 import RotaryEmbedding, apply_rope
 
 THETAS = (1e4, 1e6)
+RULE = "01_rope: the lab asks for the frequencies, angles and rotation from the formula"
+PROJECT_ROPE = {dflash.qwen3: ["RotaryEmbedding", "apply_rope"]}
 
 
 def positions_as_rope(self, positions, dtype):
@@ -42,7 +45,10 @@ def test_rope(lab, demo):
         start = torch.randint(0, 1024, (seq,), generator=generator).sort().values
         for at in (torch.arange(seq), start):
             cos, sin = RotaryEmbedding(head_dim, theta)(at, x.dtype)  # (seq, head_dim) each
-            assert torch.allclose(lab.my_rope(x, at, theta), apply_rope(x, cos, sin), atol=5e-4), (
+            expected = apply_rope(x, cos, sin)
+            with forbidden(lab, RULE, PROJECT_ROPE):
+                mine = lab.my_rope(x, at, theta)
+            assert torch.allclose(mine, expected, atol=5e-4), (
                 f"01_rope: differs from RotaryEmbedding + apply_rope at positions {at.tolist()}, "
                 f"theta {theta:g}"
             )

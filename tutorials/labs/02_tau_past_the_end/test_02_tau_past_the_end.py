@@ -1,8 +1,7 @@
 """Grades lab 02_tau_past_the_end against a simulation: one long greedy run's step lengths, replayed with each
 limit (greedy, every shorter run takes the same steps and stops where its output is full or stopped)."""
 
-from _lab_helpers import drawn_random
-from generate import generate_dflash
+from _lab_helpers import drawn_random, run_dflash
 
 
 def replayed_counts(lengths: list[int], answer_length: int, limits) -> list[int]:
@@ -28,8 +27,8 @@ def test_tau_past_the_end(lab, demo):
     assert len(mine) == len(limits), (
         f"02_tau_past_the_end: {len(mine)} counts for {len(limits)} limits"
     )
-    long = generate_dflash(demo.target, demo.drafter, prompt_ids, max(limits) + demo.block,
-                           stop_ids=demo.stop_ids)
+    long = run_dflash(demo.target, demo.drafter, prompt_ids, max(limits) + demo.block,
+                      stop_ids=demo.stop_ids)
     stopped = long.new_ids[-1] in demo.stop_ids
     answer_length = long.new_tokens if stopped else max(limits) + demo.block
     expected = replayed_counts(long.acceptance_lengths, answer_length, limits)

@@ -77,10 +77,18 @@ def test_stop_speculating(lab):
             )
             return tau / (step / lab.batched_pass_ms(costs.target, gpu, batch, 1))
 
-        for batch in (1, rng.randrange(8, 40), rng.randrange(100, 400)):
-            alpha = round(rng.uniform(0.6, 0.92), 3)
+        cases = [(batch, round(rng.uniform(0.6, 0.92), 3)) for batch in (1, rng.randrange(8, 40),
+                                                                          rng.randrange(100, 400))]
+        # and where speculation loses
+        cases.append((rng.randrange(1500, 4000), round(rng.uniform(0.02, 0.1), 3)))
+        for batch, alpha in cases:
             best = lab.best_block_at(costs, gpu, batch, alpha)
+            assert isinstance(best, int) and (best == 1 or 2 <= best <= 64), (
+                f"08_stop_speculating: {best} is neither a block in 2..64 nor 1")
             value = speedup(batch, alpha, best) if best > 1 else 1.0
+            assert value >= 1, (
+                f"08_stop_speculating: {gpu.name}, batch {batch}, alpha {alpha}: block {best} "
+                "models a speedup under 1, where the plain loop is faster")
             rivals = [
                 b for b in [best - 1, best + 1] + rng.sample(range(2, 65), 30) if 2 <= b <= 64
             ]

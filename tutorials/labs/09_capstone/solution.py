@@ -9,6 +9,8 @@ from dflash.sampling import Sampling
 def my_generate_dflash(runner, prompt_ids: list[int], max_new_tokens: int,
                        stop_ids=()) -> tuple[list[int], list[int]]:
     """(new_ids, acceptance_lengths) of greedy DFlash decoding with `runner`."""
+    if max_new_tokens == 0:
+        return [], []  # no token asked for: not even the prefill's
     block = runner.block_size
     last, features = runner.prefill(prompt_ids, Sampling(), None)  # int, (1, n, F)
     new_ids, lengths = [last], []

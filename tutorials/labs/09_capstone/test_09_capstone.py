@@ -1,15 +1,23 @@
-"""Grades lab 09_capstone: the student's speculative loop, on runners the grader builds, against the plain
-loop and against generate_dflash, on cases drawn at run time: the demo pair and a fixture pair, block sizes
-from 2 to 16, prompts of several lengths (random ids, and held-out problems stopping at a stop token).
+"""Grades lab 09_capstone: the student's speculative loop, on runners the grader builds, against the
+plain loop and against generate_dflash, on cases drawn at run time: the demo pair and a fixture
+pair, block sizes from 2 to 16, prompts of several lengths (random ids, and held-out problems
+stopping at a stop token).
 
-Every call the student's loop makes on the runner is recorded, and so are generate_dflash's on a runner
-of the same shape: a wrong step is named by what went wrong in it, without the value it should have had.
-The project's loops are switched off while the student's runs; every reference is computed before."""
+Every call the student's loop makes on the runner is recorded, and so are generate_dflash's on a
+runner of the same shape: a wrong step is named by what went wrong in it, without the value it
+should have had, and a loop that raises is named in one line, not by a traceback from inside the
+model. The limits include 0 and 1, and a stop token the prefill itself writes. The tokens a step
+brings to the host are counted (every .item(), .tolist(), int() or comparison read in Python outside
+the runner): once per step. The project's loops are switched off while the student's runs; every
+reference is computed before."""
+
+import contextlib
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 import generate
-from _lab_helpers import ROOT, drawn_random, forbidden
+from _lab_helpers import ROOT, drawn_random, forbidden, run_dflash
 from dflash.drafter import Drafter
 from dflash.measure import Wrapped
 from dflash.qwen3 import Qwen3
@@ -20,29 +28,85 @@ FORBIDDEN = {generate: ["generate_dflash", "generate_autoregressive", "generate_
 FIXTURES = ROOT / "tests" / "fixtures"
 
 
+HOST_READS = {torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.__int__, torch.Tensor.__float__,
+              torch.Tensor.__bool__, torch.Tensor.__index__, torch.Tensor.numpy,
+              torch.Tensor.__format__, torch.Tensor.__repr__, torch.equal, torch.Tensor.equal,
+              torch.allclose, torch.Tensor.allclose}
+
+
+class HostReads(TorchFunctionMode):
+    """While on, counts the calls that bring a tensor's numbers to Python (`count`), except while
+    `paused`: the runner's own, and the grader's."""
+
+    def __init__(self):
+        super().__init__()
+        self.count, self.paused, self.on = 0, 0, False
+
+    def __enter__(self):
+        self.on = True
+        return super().__enter__()
+
+    def __exit__(self, *error):
+        self.on = False
+        return super().__exit__(*error)
+
+    @contextlib.contextmanager
+    def off(self):
+        """Off for the block (the runner's passes: not watched, and not slowed down), then on
+        again if it was."""
+        was_on = self.on
+        if was_on:
+            self.__exit__(None, None, None)
+        try:
+            yield
+        finally:
+            if was_on:
+                self.__enter__()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if not self.paused and func in HOST_READS:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
 class Recording(Wrapped):
     """A runner whose calls are recorded, in order: ("draft", context rows, last), ("verify",),
-    ("commit", kept); the prefill opens the record."""
+    ("commit", kept); the prefill opens the record. Its calls pause `reads` (a HostReads), if
+    given."""
 
-    def __init__(self, runner):
+    def __init__(self, runner, reads: HostReads | None = None):
         super().__init__(runner)
-        self.calls = []
+        self.calls, self.reads = [], reads or HostReads()
 
     def prefill(self, *args, **options):
         self.calls.append(("prefill",))
-        return self.runner.prefill(*args, **options)
+        return self.runner_call("prefill", *args, **options)
 
     def draft(self, features, last):
+        self.reads.paused += 1
         self.calls.append(("draft", features.shape[1], int(last)))
-        return self.runner.draft(features, last)
+        self.reads.paused -= 1
+        return self.runner_call("draft", features, last)
 
     def verify(self, drafts):
         self.calls.append(("verify",))
-        return self.runner.verify(drafts)
+        return self.runner_call("verify", drafts)
 
     def commit(self, kept):
+        self.reads.paused += 1
         self.calls.append(("commit", int(kept)))
-        return self.runner.commit(kept)
+        self.reads.paused -= 1
+        return self.runner_call("commit", kept)
+
+    def runner_call(self, name: str, *args, **options):
+        self.reads.paused += 1
+        try:
+            with self.reads.off():
+                return getattr(self.runner, name)(*args, **options)
+        except Exception as error:  # a wrong argument: the student's step is at fault
+            raise WrongCall(f"runner.{name} raised {type(error).__name__}") from error
+        finally:
+            self.reads.paused -= 1
 
     def steps(self) -> list[list[tuple]]:
         """The calls after the prefill, one list per step: a step opens with a draft."""
@@ -54,15 +118,19 @@ class Recording(Wrapped):
         return steps
 
 
-def fresh_runner(target, drafter, block: int, prompt: list[int], new: int) -> Recording:
+class WrongCall(Exception):
+    """A runner method raised on what the student's loop passed it."""
+
+
+def fresh_runner(target, drafter, block: int, prompt: list[int], new: int, reads=None) -> Recording:
     return Recording(generate.ModelRunner(target, drafter, block_size=block,
-                                          max_length=len(prompt) + new + block))
+                                          max_length=len(prompt) + max(new, 1) + block), reads)
 
 
 def mid_step_token(target, drafter, block: int, prompt: list[int], new: int) -> list[int]:
     """The last token generate_dflash first commits inside a step, not at its end: as a stop token,
     it checks that a loop stops mid-step, after as many steps as can be ([] if there is none)."""
-    result = generate.generate_dflash(target, drafter, prompt, new, block_size=block)
+    result = run_dflash(target, drafter, prompt, new, block_size=block)
     ids, start, found = result.new_ids, 1, []  # the prefill wrote ids[0]
     for length in result.acceptance_lengths:
         fresh = [i for i in range(start, min(start + length - 1, len(ids))) if ids[i] not in ids[:i]]
@@ -123,24 +191,47 @@ def test_capstone(lab, demo):
     stops = tuple(demo.stop_ids) + tuple(mid_step_token(demo.target, demo.drafter, 16, problem, 96))
     cases.append(("the demo pair, block 16, a held-out problem", demo.target, demo.drafter, 16, problem,
                   96, stops))
+    short = [rng.randrange(demo.target.config.vocab_size - 1) for _ in range(rng.randint(2, 20))]
+    first = generate.generate_autoregressive(demo.target, short, 1).new_ids  # the prefill's token
+    cases += [("the demo pair, max_new_tokens 1", demo.target, demo.drafter, 16, short, 1, ()),
+              ("the demo pair, a stop token the prefill writes", demo.target, demo.drafter, 16,
+               short, 20, tuple(first))]
     # Every reference before the student's code runs (and with the project's loops switched on).
     references = []
     for name, target, drafter, block, prompt, new, stops in cases:
         plain = generate.generate_autoregressive(target, prompt, new, stop_ids=stops).new_ids
         right = fresh_runner(target, drafter, block, prompt, new)
-        result = generate.generate_dflash(target, drafter, prompt, new, stop_ids=stops, runner=right)
+        result = run_dflash(target, drafter, prompt, new, stop_ids=stops, runner=right)
         references.append((plain, right, result))
-    mine_all = []
+    mine_all, reads = [], HostReads()
     with forbidden(lab, RULE, FORBIDDEN):
+        nothing = fresh_runner(demo.target, demo.drafter, 16, short, 0)
+        with reads:
+            none_asked = lab.my_generate_dflash(nothing, short, 0, ())
+        assert [list(part) for part in none_asked] == [[], []], (
+            "09_capstone: with max_new_tokens 0 the loop writes no token and takes no step")
         for (name, target, drafter, block, prompt, new, stops), (_, right, _) in zip(cases, references):
-            mine = fresh_runner(target, drafter, block, prompt, new)
+            mine = fresh_runner(target, drafter, block, prompt, new, reads)
+            reads.count = 0
             try:
-                new_ids, lengths = lab.my_generate_dflash(mine, prompt, new, stops)
+                with reads:
+                    new_ids, lengths = lab.my_generate_dflash(mine, prompt, new, stops)
             except NotImplementedError:
                 raise  # not written yet
-            except Exception:
+            except Exception as error:
                 assert_steps_match(mine, right, name, finished=False)  # names the wrong step, if one is
-                raise
+                steps = len(mine.steps())
+                what = (f"{error} on what your loop passed it" if isinstance(error, WrongCall) else
+                        f"your loop raised {type(error).__name__}")
+                raise AssertionError(
+                    f"09_capstone ({name}): {what} in step {max(steps - 1, 0)}, after the calls "
+                    f"{', '.join(call[0] for call in mine.calls[-4:])} (--tb=long shows where)"
+                ) from error
+            steps = len(mine.steps())
+            assert reads.count <= steps, (
+                f"09_capstone ({name}): your loop read tensors into Python {reads.count} times in "
+                f"{steps} steps: a step's tokens reach the host once (bring both tensors over in "
+                "one call)")
             mine_all.append((mine, list(new_ids), list(lengths)))
     for (name, *_), (plain, right, result), (mine, new_ids, lengths) in zip(cases, references, mine_all):
         assert_steps_match(mine, right, name)
@@ -150,6 +241,7 @@ def test_capstone(lab, demo):
         assert lengths == result.acceptance_lengths, (
             f"09_capstone ({name}): the acceptance lengths you return are not the tokens each step "
             f"committed (the target's own token counts, and a step past the limit counts whole)")
-    taus = [sum(lengths) / len(lengths) for _, _, lengths in mine_all]
-    right_taus = [result.mean_acceptance for _, _, result in references]
+    taus = [sum(lengths) / len(lengths) for _, _, lengths in mine_all if lengths]
+    right_taus = [result.mean_acceptance for _, _, result in references
+                  if result.acceptance_lengths]
     assert taus == right_taus, "09_capstone: your loop's tau differs from generate_dflash's"
