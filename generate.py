@@ -15,7 +15,7 @@ import functools
 import json
 import sys
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 from torch.nn.attention.bias import causal_lower_right
@@ -23,13 +23,14 @@ from torch.nn.attention.bias import causal_lower_right
 from dflash.block_choice import choose_block
 from dflash.cli import UsageError, pick_device, pick_dtype, run_cli
 from dflash.compiled import compiled_copy, keys_bucket
-from dflash.drafter import Drafter, cached_block_mask
+from dflash.drafter import Drafter
 from dflash.flex_reads import filled_blocks
 from dflash.checkpoint import checkpoint_folder
 from dflash.generate_options import (WEIGHTS, build_parser, check_compile,  # noqa: F401 (CLI's)
                                      check_filters, check_options)
 from dflash.prompts import check_no_mask_token, check_request, encode_for_generation
-from dflash.qwen3 import KVCache, Qwen3, argmax, causal_mask, masked, tree_mask_over_cache
+from dflash.qwen3 import (Attend, KVCache, Qwen3, argmax, causal_mask, masked,
+                          tree_mask_over_cache)
 from dflash.results import Generation, OnToken, synchronize
 from dflash.sampling import Sampling, draw, keep_only, sample, sampled_slots, sampling_of, verdicts
 from dflash.tokenizer import Printer, find_tokenizer, stop_token_ids
@@ -40,46 +41,75 @@ from dflash.tree import DraftTree, build_tree, path_slots, verify_inputs, walk
 
 # The passes after the prefill: functions of the models, a cache and tensors, shaped alike wherever
 # they run. Each writes its chunk after the cache's committed length, commits nothing and returns
-# logits (the runner picks tokens). Eagerly a pass reads the committed keys and its chunk under the
-# cheapest mask that says so (none, or a causal bias); compiled (`cache.fixed_shape`), a bucket of
-# slots under a position mask, through `reads`: `masked` (SDPA) or `filled_blocks` (FlexAttention).
+# logits (the runner picks tokens). How a pass reads the cache is not its to decide: `reads`, which
+# the runner hands it (`ModelRunner.run_pass`), says under which mask it reads its keys.
 
 
-def decode_pass(target: Qwen3, cache: KVCache, token, position, *, reads=masked):
+class EagerReads:
+    """How an eager pass reads: the committed slots and its chunk (`KVCache.keys_to_read`), under
+    the cheapest mask that says so. No mask and a causal bias keep SDPA's fused kernels open."""
+
+    @staticmethod
+    def attend(positions: torch.Tensor, keys: int, *, causal: bool) -> Attend:
+        """A chunk at `positions` (n,), the last n of the `keys` read: each query sees up to itself
+        (`causal`), or every query the whole chunk (a drafted block, or a single token)."""
+        return masked(causal_lower_right(len(positions), keys) if causal else None)
+
+    @staticmethod
+    def under(mask: torch.Tensor) -> Attend:
+        """A mask the pass built itself (a tree's)."""
+        return masked(mask)
+
+
+class FixedReads:
+    """How a fixed-shape pass reads: the first `read_limit` slots, whatever the cache holds (the
+    runner sets the limit: a bucket, `keys_bucket`), under a position mask hiding the slots past
+    each query; `under` is `masked` (SDPA) or `filled_blocks` (FlexAttention, flex_reads.py)."""
+
+    def __init__(self, under: Callable[[torch.Tensor], Attend]):
+        self.under = under
+
+    def attend(self, positions: torch.Tensor, keys: int, *, causal: bool) -> Attend:
+        last = positions if causal else positions[-1:]  # (n,) or (1,): the last position each sees
+        return self.under(causal_mask(last, keys))
+
+
+EAGER_READS, FIXED_READS, FLEX_READS = EagerReads(), FixedReads(masked), FixedReads(filled_blocks)
+
+
+def decode_pass(target: Qwen3, cache: KVCache, token, position, *, reads=EAGER_READS):
     """The target's logits (1, vocab) after one token (1, 1) at `position` (1,): a plain step."""
-    mask = causal_mask(position, cache.keys_to_read(1)) if cache.fixed_shape else None
-    return target.logits(target(token, position, cache, attend=reads(mask))[0][0])
+    attend = reads.attend(position, cache.keys_to_read(1), causal=False)
+    return target.logits(target(token, position, cache, attend=attend)[0][0])
 
 
-def verify_pass(target: Qwen3, cache: KVCache, ids, positions, layer_ids, *, reads=masked):
+def verify_pass(target: Qwen3, cache: KVCache, ids, positions, layer_ids, *, reads=EAGER_READS):
     """The target's logits after each token of a block (1, block) at `positions` (block,), and its
     features there (1, block, n_layers * hidden), for the next draft."""
-    keys, block = cache.keys_to_read(ids.shape[1]), ids.shape[1]
-    # Eagerly the block reads the committed keys and itself, causally: a lower-right causal mask.
-    mask = causal_mask(positions, keys) if cache.fixed_shape else causal_lower_right(block, keys)
-    hidden, features = target(ids, positions, cache, capture_layers=layer_ids, attend=reads(mask))
+    attend = reads.attend(positions, cache.keys_to_read(ids.shape[1]), causal=True)
+    hidden, features = target(ids, positions, cache, capture_layers=layer_ids, attend=attend)
     return target.logits(hidden[0]), features  # (block, vocab), (1, block, F)
 
 
 def verify_tree_pass(target: Qwen3, cache: KVCache, ids, positions, *, slots, tree_mask,
-                     layer_ids, reads=masked):
+                     layer_ids, reads=EAGER_READS):
     """As `verify_pass`, for a draft tree's nodes (1, nodes): node i, at position `positions[i]`
     in cache slot `slots[i]`, sees the committed tokens, its ancestors and itself (`tree_mask`)."""
     mask = tree_mask_over_cache(slots, tree_mask, cache.keys_to_read(ids.shape[1]))
-    hidden, features = target(ids, positions, cache, capture_layers=layer_ids, attend=reads(mask),
-                              slots=slots)
+    hidden, features = target(ids, positions, cache, capture_layers=layer_ids,
+                              attend=reads.under(mask), slots=slots)
     return target.logits(hidden[0]), features  # (nodes, vocab), (1, nodes, F)
 
 
 def draft_pass(target: Qwen3, drafter: Drafter, cache: KVCache, features, block_ids, *,
-               reads=masked, context_positions, context_slots, block_positions):
+               reads=EAGER_READS, context_positions, context_slots, block_positions):
     """The drafter's logits (block - 1, vocab) for the block [last token, MASK, ...] (1, block),
-    after the context `features` (1, ctx, F) not yet in `cache`, in one pass."""
-    chunk = features.shape[1] + block_ids.shape[1]
-    # Eagerly the block reads exactly the cached context, the new context and itself: all of it.
-    mask = cached_block_mask(cache, chunk, block_positions) if cache.fixed_shape else None
+    after the context `features` (1, ctx, F) not yet in `cache`, in one pass: the block sees the
+    cached context, the new context and the whole block, up to its last position."""
+    keys = cache.keys_to_read(features.shape[1] + block_ids.shape[1])
     hidden = drafter(features, target.embed_tokens(block_ids), context_positions, block_positions,
-                     cache=cache, attend=reads(mask), context_slots=context_slots)
+                     cache=cache, attend=reads.attend(block_positions, keys, causal=False),
+                     context_slots=context_slots)
     return target.logits(hidden[0, 1:])  # (block - 1, vocab): one distribution per drafted slot
 
 
@@ -99,7 +129,7 @@ class ModelRunner:
     def __init__(self, target: Qwen3, drafter: Drafter | None = None, *, max_length: int,
                  block_size: int | None = None, tree_budget: int = 0, tree_top_k: int | None = None,
                  compile: bool = False, backend="inductor", mode: str | None = None,
-                 flex_attention: bool = False):
+                 flex_attention: bool = False, fixed_shape: bool = False):
         self.target, self.drafter, self.max_length = target, drafter, max_length
         self.block_size = block = block_size or default_block_size(drafter)
         self.tree_budget = tree_budget  # drafted nodes per tree (0: chains only)
@@ -124,13 +154,16 @@ class ModelRunner:
         self.node_tokens = ids(nodes)  # the token the target picks after each node
         self.node_features = weight.new_zeros(1, nodes, width)  # and its features there
         self.compiled = compile
-        self.reads = filled_blocks if flex_attention else masked  # compiled reads: flex_reads.py
+        # How the passes after the first draft read (`run_pass`): compiled passes need fixed shapes;
+        # `fixed_shape` asks for them eagerly too (tests check both read alike). None: eagerly.
+        self.reads = ((FLEX_READS if flex_attention else FIXED_READS) if compile or fixed_shape
+                      else None)
+        self.widest_chunk = 2 * block + tree_budget  # the most a pass writes: context + block
         if compile:
             for cache in self.caches():
                 for buffer in cache.keys + cache.values:  # never moved: CUDA graphs write into them
                     torch._dynamo.mark_static_address(buffer)
             self.shape = (block, tree_budget, max_length)  # what the passes' shapes follow
-            self.widest_chunk = 2 * block + tree_budget  # the most a pass writes: context + block
             self.compile_options = (backend, mode)
         self.built = True
 
@@ -148,19 +181,22 @@ class ModelRunner:
     def caches(self) -> list[KVCache]:
         return [cache for cache in (self.target_cache, self.drafter_cache) if cache is not None]
 
-    def run(self, name: str, cache: KVCache, *args, eager: bool = False, **options):
-        """Pass `name` on `cache`: eagerly, or compiled for the slots the cache reads: the bucket
-        (`keys_bucket`) that holds the committed slots and the widest chunk. The slot count is a
-        shape, so each bucket has its own compiled copy; the cache reads it for this pass only."""
-        if eager or not self.compiled:
+    def run_pass(self, name: str, cache: KVCache, *args, **options):
+        """Pass `name` on `cache`; the one place that decides how many slots it reads, and under
+        which mask. Eagerly: the committed ones and its chunk (`EagerReads`). Else a fixed shape:
+        the bucket (`keys_bucket`) holding the committed slots and the widest chunk, under position
+        masks (`FixedReads`); the slot count is a shape, so compiled, each bucket has its own copy.
+        The cache reads the bucket for this pass only. The first draft reads eagerly: its context
+        is the whole prompt, any length (an empty cache is the drafter's before it)."""
+        if self.reads is None or cache.length == 0:
             return PASSES[name](*args, **options)
         cache.read_limit = keys_bucket(cache.length + self.widest_chunk, cache.max_length)
-        cache.fixed_shape = True
         try:
-            copy = compiled_copy(PASSES[name], self.shape, cache.read_limit, *self.compile_options)
-            return copy(*args, reads=self.reads, **options)
+            run = (compiled_copy(PASSES[name], self.shape, cache.read_limit, *self.compile_options)
+                   if self.compiled else PASSES[name])
+            return run(*args, reads=self.reads, **options)
         finally:
-            cache.fixed_shape = False
+            cache.read_limit = None
 
     def prefill(self, prompt_ids: Sequence[int] | torch.Tensor, sampling: Sampling,
                 generator: torch.Generator | None,
@@ -182,7 +218,7 @@ class ModelRunner:
         """The next token after `token`, which is written right after the committed ones."""
         self.token_ids[0, 0], cache = token, self.target_cache
         position = self.block_offsets[:1] + cache.length  # (1,)
-        logits = self.run("decode", cache, self.target, cache, self.token_ids, position)
+        logits = self.run_pass("decode", cache, self.target, cache, self.token_ids, position)
         return sample(logits[0], sampling, generator).item()
 
     def commit(self, kept: int) -> torch.Tensor:
@@ -208,21 +244,22 @@ class ModelRunner:
         yet (the prompt's, later the kept ones), committed to the drafter's cache. The block starts
         at the target's committed length, the context rows just before it: eagerly (and first after
         the prefill, any prompt length) the pass reads those rows; compiled, the whole features
-        buffer (one shape), parking rows past the context `block` slots on, masked until reused."""
+        buffer (one shape)."""
         cache, offsets, rows = self.drafter_cache, self.block_offsets, features.shape[1]
         start = self.target_cache.length  # of `last_token`: the block's first position
-        eager = not self.compiled or cache.length == 0
+        fixed = self.reads is not None and cache.length > 0  # as `run_pass` will read it
         context_slots = None  # eagerly, every row is context, written at its position
-        if not eager:
+        if fixed:
             features = self.features  # (1, block, F): `features` was its first `rows` rows
         context_positions = start - rows + torch.arange(features.shape[1], device=offsets.device)
-        if not eager:  # the rows past the context go `block` slots on
+        if fixed:  # parked: the rows past the context would land on the block's slots, so
+            # they go `block` slots on (the cache has `block` more), past what the block's mask shows
             context_slots = context_positions + torch.where(offsets < rows, 0, len(offsets))
         self.block_ids[0, 0] = last_token
         self.block_ids[0, 1:] = self.mask_token_id
-        logits = self.run("draft", cache, self.target, self.drafter, cache, features,
+        logits = self.run_pass("draft", cache, self.target, self.drafter, cache, features,
                           self.block_ids, context_positions=context_positions,
-                          context_slots=context_slots, block_positions=offsets + start, eager=eager)
+                          context_slots=context_slots, block_positions=offsets + start)
         cache.extend(rows)  # the context is kept; the block's slots were scratch
         return logits
 
@@ -232,7 +269,7 @@ class ModelRunner:
         n = len(drafts) + 1
         self.block_ids[0, 1:n] = drafts
         positions = self.block_offsets[:n] + self.target_cache.length  # (n,)
-        logits, features = self.run("verify", self.target_cache, self.target, self.target_cache,
+        logits, features = self.run_pass("verify", self.target_cache, self.target, self.target_cache,
                                     self.block_ids[:, :n], positions, self.layer_ids)
         return self.target_tokens[:n].copy_(argmax(logits)), self.features[:, :n].copy_(features)
 
@@ -243,7 +280,7 @@ class ModelRunner:
         a draft is kept where it equals it; the committed tokens follow the target's law."""
         self.block_ids[0, 1:] = drafts
         positions = self.block_offsets + self.target_cache.length  # (block,)
-        logits, features = self.run("verify", self.target_cache, self.target, self.target_cache,
+        logits, features = self.run_pass("verify", self.target_cache, self.target, self.target_cache,
                                     self.block_ids, positions, self.layer_ids)
         target_tokens = verdicts(sampling.probs(logits), drafts, draft_probs, generator)
         return self.target_tokens.copy_(target_tokens), self.features.copy_(features)
@@ -264,7 +301,7 @@ class ModelRunner:
         tokens, its ancestors and itself (`verify_inputs`); `commit_path` then keeps the path."""
         tokens, depths, tree_mask = verify_inputs(tree, self.tree_budget, self.node_offsets.device)
         start, cache = self.target_cache.length, self.target_cache
-        logits, features = self.run("verify_tree", cache, self.target, cache, tokens[None],
+        logits, features = self.run_pass("verify_tree", cache, self.target, cache, tokens[None],
                                     depths + start, slots=self.node_offsets + start,
                                     tree_mask=tree_mask, layer_ids=self.layer_ids)
         self.node_features.copy_(features)
@@ -319,15 +356,10 @@ class GenerationBuilder:
                 began = time.perf_counter()
                 self.on_token(token, i < drafted)
                 result.callback_seconds += time.perf_counter() - began
-        # So far: the ids are on the host.
+        if self.done and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the clock stops when the GPU's work is done
         result.seconds = time.perf_counter() - self.began - result.callback_seconds
         result.first_token_seconds = result.first_token_seconds or result.seconds
-
-    def finish(self) -> Generation:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # the clock stops when the GPU's work is done
-        self.result.seconds = time.perf_counter() - self.began - self.result.callback_seconds
-        return self.result
 
 
 def ready_runner(target: Qwen3, drafter: Drafter | None, prompt_ids: Sequence[int],
@@ -366,7 +398,7 @@ def generate_autoregressive(target: Qwen3, prompt_ids: Sequence[int], max_new_to
         runner.commit(1)  # `token`, now written in the cache
         token = token_after
         output.commit([token])
-    return output.finish()
+    return output.result
 
 
 @torch.no_grad()
@@ -403,7 +435,7 @@ def generate_dflash(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int],
         features = runner.commit(accepted + 1)  # `last` and the kept drafts; their features
         output.commit(target_tokens[:accepted + 1], drafted=accepted)  # drafts, then the target's
         last = target_tokens[accepted]  # the target's own token opens the next block
-    return output.finish()
+    return output.result
 
 
 @torch.no_grad()
@@ -434,7 +466,7 @@ def generate_dflash_tree(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[i
         features = runner.commit_path(path)  # the path's keys and values next to the committed
         output.commit(kept, drafted=len(path) - 1)
         last = kept[-1]
-    return output.finish()
+    return output.result
 
 
 # ------------------------------------------------------------------ the command line

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Sequence
 
 from dflash.checkpoint import check_memory, is_integer
-from dflash.cli import UsageError, check_token_ids, jsonl_records
+from dflash.cli import check_token_ids, jsonl_records
+from dflash.errors import UsageError
 from dflash.tokenizer import Tokenizer
 
 

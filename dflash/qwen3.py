@@ -197,17 +197,17 @@ class KVCache:
     """Preallocated keys and values, one pair of tensors per layer, written by position.
     Slots 0..length-1 hold the committed sequence. A pass writes its chunk right after them; the
     caller commits what it keeps (`extend`) or cuts the rejected tail (`trim`), overwritten before
-    anything reads it. A compiled pass needs one shape: a runner sets `fixed_shape` for it, to read
-    the first `read_limit` slots (all, or a bucket: `dflash.compiled.keys_bucket`) under a position
-    mask hiding every slot past the query. An eager pass reads what it needs."""
+    anything reads it. A pass reads the committed slots and its chunk, unless its caller fixes how
+    many (`read_limit`: a compiled pass needs one shape, so reads a bucket of slots under a position
+    mask hiding every slot past the query, `ModelRunner.run_pass`)."""
 
     def __init__(self, num_layers: int, batch: int, num_kv_heads: int, max_length: int,
                  head_dim: int, *, device=None, dtype=torch.float32):
         shape = (batch, num_kv_heads, max_length, head_dim)
         self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
-        self.max_length, self.length, self.fixed_shape = max_length, 0, False
-        self.read_limit = max_length  # what a fixed-shape pass reads; a runner sets it per bucket
+        self.max_length, self.length = max_length, 0
+        self.read_limit: int | None = None  # the slots the next pass reads, when its caller fixes them
 
     @classmethod
     def for_layers(cls, config: Qwen3Config, like: torch.Tensor, max_length: int,
@@ -218,8 +218,8 @@ class KVCache:
 
     def keys_to_read(self, chunk: int) -> int:
         """How many slots attention reads for `chunk` new positions: the committed ones and the
-        chunk, or with `fixed_shape` the first `read_limit` (the position mask hides the rest)."""
-        return self.read_limit if self.fixed_shape else self.length + chunk
+        chunk, or the `read_limit` the caller fixed (its position mask hides the rest)."""
+        return self.length + chunk if self.read_limit is None else self.read_limit
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """Store a chunk's k, v (batch, kv_heads, seq, head_dim) at `slots` (seq,), after the

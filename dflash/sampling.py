@@ -12,7 +12,8 @@ from typing import Sequence
 import torch
 
 from dflash.checkpoint import BOOLEAN, SIZE_LIMIT, check_fields, is_integer, is_number, read_json
-from dflash.cli import UsageError, non_negative
+from dflash.cli import non_negative
+from dflash.errors import UsageError
 from dflash.qwen3 import argmax
 
 

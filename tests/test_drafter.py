@@ -10,7 +10,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from dflash.drafter import Drafter, default_target_layer_ids
-from dflash.checkpoint import CheckpointError
+from dflash.errors import CheckpointError
 from dflash.qwen3 import KVCache, Qwen3
 from tests.reference import as_the_reference_was_made
 

@@ -125,7 +125,7 @@ def test_incremental_decoding_matches_full_forward(model_and_reference, chunks, 
     ids = ref["input_ids"]
     full = logits_of(model, ids)
     cache = model.new_cache(32, batch=ids.shape[0])
-    cache.fixed_shape = fixed_shape  # read the whole buffer under the position mask, as compiled passes do
+    cache.read_limit = cache.max_length if fixed_shape else None  # the whole buffer, as compiled passes
     pieces = []
     for size in chunks:
         start = cache.length
@@ -141,7 +141,7 @@ def continue_after_garbage(model, ids, garbage, fixed_shape: bool) -> float:
     """
     full = logits_of(model, ids)
     cache = model.new_cache(40)
-    cache.fixed_shape = fixed_shape
+    cache.read_limit = cache.max_length if fixed_shape else None
     model(ids[:, :12], cache=cache)
     cache.extend(12)
     for buffer in cache.keys + cache.values:

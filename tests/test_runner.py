@@ -157,9 +157,8 @@ def test_eager_passes_take_the_fast_mask_forms_and_equal_fixed_shape_reads(demo_
     target, drafter = demo_pair
     prompt, new = list(range(300, 341)), 40
     eager = generate_dflash(target, drafter, prompt, new)
-    fixed = ModelRunner(target, drafter, max_length=len(prompt) + new + 16)
-    for cache in fixed.caches():
-        cache.fixed_shape = True  # reads every slot of the buffer under a boolean position mask
+    # reads a bucket of slots under a boolean position mask, as compiled passes do
+    fixed = ModelRunner(target, drafter, max_length=len(prompt) + new + 16, fixed_shape=True)
     whole = generate_dflash(target, drafter, prompt, new, runner=fixed)
     assert whole.new_ids == eager.new_ids == generate_autoregressive(target, prompt, new).new_ids
     assert whole.acceptance_lengths == eager.acceptance_lengths
