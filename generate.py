@@ -253,13 +253,13 @@ class ModelRunner:
             features = self.features  # (1, block, F): `features` was its first `rows` rows
         context_positions = start - rows + torch.arange(features.shape[1], device=offsets.device)
         if fixed:  # parked: the rows past the context would land on the block's slots, so
-            # they go `block` slots on (the cache has `block` more), past what the block's mask shows
+            # they go `block` slots on (the cache has `block` more), past what the block mask shows
             context_slots = context_positions + torch.where(offsets < rows, 0, len(offsets))
         self.block_ids[0, 0] = last_token
         self.block_ids[0, 1:] = self.mask_token_id
         logits = self.run_pass("draft", cache, self.target, self.drafter, cache, features,
-                          self.block_ids, context_positions=context_positions,
-                          context_slots=context_slots, block_positions=offsets + start)
+                               self.block_ids, context_positions=context_positions,
+                               context_slots=context_slots, block_positions=offsets + start)
         cache.extend(rows)  # the context is kept; the block's slots were scratch
         return logits
 
@@ -269,8 +269,9 @@ class ModelRunner:
         n = len(drafts) + 1
         self.block_ids[0, 1:n] = drafts
         positions = self.block_offsets[:n] + self.target_cache.length  # (n,)
-        logits, features = self.run_pass("verify", self.target_cache, self.target, self.target_cache,
-                                    self.block_ids[:, :n], positions, self.layer_ids)
+        cache = self.target_cache
+        logits, features = self.run_pass("verify", cache, self.target, cache,
+                                         self.block_ids[:, :n], positions, self.layer_ids)
         return self.target_tokens[:n].copy_(argmax(logits)), self.features[:, :n].copy_(features)
 
     def verify_sampled(self, drafts: torch.Tensor, draft_probs: torch.Tensor | None,
@@ -280,8 +281,9 @@ class ModelRunner:
         a draft is kept where it equals it; the committed tokens follow the target's law."""
         self.block_ids[0, 1:] = drafts
         positions = self.block_offsets + self.target_cache.length  # (block,)
-        logits, features = self.run_pass("verify", self.target_cache, self.target, self.target_cache,
-                                    self.block_ids, positions, self.layer_ids)
+        cache = self.target_cache
+        logits, features = self.run_pass("verify", cache, self.target, cache, self.block_ids,
+                                         positions, self.layer_ids)
         target_tokens = verdicts(sampling.probs(logits), drafts, draft_probs, generator)
         return self.target_tokens.copy_(target_tokens), self.features.copy_(features)
 
@@ -302,8 +304,8 @@ class ModelRunner:
         tokens, depths, tree_mask = verify_inputs(tree, self.tree_budget, self.node_offsets.device)
         start, cache = self.target_cache.length, self.target_cache
         logits, features = self.run_pass("verify_tree", cache, self.target, cache, tokens[None],
-                                    depths + start, slots=self.node_offsets + start,
-                                    tree_mask=tree_mask, layer_ids=self.layer_ids)
+                                         depths + start, slots=self.node_offsets + start,
+                                         tree_mask=tree_mask, layer_ids=self.layer_ids)
         self.node_features.copy_(features)
         return self.node_tokens.copy_(sample(logits, sampling, generator))
 

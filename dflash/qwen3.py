@@ -207,7 +207,7 @@ class KVCache:
         self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
         self.max_length, self.length = max_length, 0
-        self.read_limit: int | None = None  # the slots the next pass reads, when its caller fixes them
+        self.read_limit: int | None = None  # the slots a pass reads, when its caller fixes them
 
     @classmethod
     def for_layers(cls, config: Qwen3Config, like: torch.Tensor, max_length: int,
