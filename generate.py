@@ -12,28 +12,24 @@ loops, the command line. `Generation`, the record a call returns, is in `dflash/
 from __future__ import annotations
 
 import functools
-import json
 import sys
 import time
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 from torch.nn.attention.bias import causal_lower_right
 
 from dflash.block_choice import choose_block
-from dflash.cli import UsageError, pick_device, pick_dtype, run_cli
-from dflash.compiled import compiled_copy, keys_bucket
+from dflash.cli import run_cli
+from dflash.errors import UsageError
+from dflash.compiled import FIXED_READS, FLEX_READS, compiled_copy, keys_bucket
 from dflash.drafter import Drafter
-from dflash.flex_reads import filled_blocks
-from dflash.checkpoint import checkpoint_folder
-from dflash.generate_options import (WEIGHTS, build_parser, check_compile,  # noqa: F401 (CLI's)
-                                     check_filters, check_options)
-from dflash.prompts import check_no_mask_token, check_request, encode_for_generation
-from dflash.qwen3 import (Attend, KVCache, Qwen3, argmax, causal_mask, masked,
-                          tree_mask_over_cache)
+from dflash.generate_options import WEIGHTS, build_parser, print_report, read_request  # noqa: F401
+from dflash.prompts import check_no_mask_token, check_request
+from dflash.qwen3 import Attend, KVCache, Qwen3, argmax, masked, tree_mask_over_cache
 from dflash.results import Generation, OnToken, synchronize
-from dflash.sampling import Sampling, draw, keep_only, sample, sampled_slots, sampling_of, verdicts
-from dflash.tokenizer import Printer, find_tokenizer, stop_token_ids
+from dflash.sampling import GREEDY, Sampling, draw, keep_only, sample, sampled_slots, verdicts
+from dflash.tokenizer import Printer, stop_token_ids
 from dflash.tree import DraftTree, build_tree, path_slots, verify_inputs, walk
 
 
@@ -47,7 +43,10 @@ from dflash.tree import DraftTree, build_tree, path_slots, verify_inputs, walk
 
 class EagerReads:
     """How an eager pass reads: the committed slots and its chunk (`KVCache.keys_to_read`), under
-    the cheapest mask that says so. No mask and a causal bias keep SDPA's fused kernels open."""
+    the cheapest mask that says so. No mask and a causal bias keep SDPA's fused kernels open. (A
+    fixed-shape pass reads a bucket under a position mask: `dflash.compiled.FixedReads`.)"""
+
+    under = staticmethod(masked)  # under a mask the pass built itself (a tree's)
 
     @staticmethod
     def attend(positions: torch.Tensor, keys: int, *, causal: bool) -> Attend:
@@ -55,26 +54,8 @@ class EagerReads:
         (`causal`), or every query the whole chunk (a drafted block, or a single token)."""
         return masked(causal_lower_right(len(positions), keys) if causal else None)
 
-    @staticmethod
-    def under(mask: torch.Tensor) -> Attend:
-        """A mask the pass built itself (a tree's)."""
-        return masked(mask)
 
-
-class FixedReads:
-    """How a fixed-shape pass reads: the first `read_limit` slots, whatever the cache holds (the
-    runner sets the limit: a bucket, `keys_bucket`), under a position mask hiding the slots past
-    each query; `under` is `masked` (SDPA) or `filled_blocks` (FlexAttention, flex_reads.py)."""
-
-    def __init__(self, under: Callable[[torch.Tensor], Attend]):
-        self.under = under
-
-    def attend(self, positions: torch.Tensor, keys: int, *, causal: bool) -> Attend:
-        last = positions if causal else positions[-1:]  # (n,) or (1,): the last position each sees
-        return self.under(causal_mask(last, keys))
-
-
-EAGER_READS, FIXED_READS, FLEX_READS = EagerReads(), FixedReads(masked), FixedReads(filled_blocks)
+EAGER_READS = EagerReads()
 
 
 def decode_pass(target: Qwen3, cache: KVCache, token, position, *, reads=EAGER_READS):
@@ -178,8 +159,9 @@ class ModelRunner:
     def __delattr__(self, name: str) -> None:
         raise AttributeError(f"a ModelRunner's {name} cannot be deleted")
 
-    def caches(self) -> list[KVCache]:
-        return [cache for cache in (self.target_cache, self.drafter_cache) if cache is not None]
+    def caches(self) -> tuple[KVCache, ...]:
+        both = (self.target_cache, self.drafter_cache)
+        return both if self.drafter_cache is not None else both[:1]
 
     def run_pass(self, name: str, cache: KVCache, *args, **options):
         """Pass `name` on `cache`; the one place that decides how many slots it reads, and under
@@ -365,36 +347,50 @@ class GenerationBuilder:
 
 
 def ready_runner(target: Qwen3, drafter: Drafter | None, prompt_ids: Sequence[int],
-                 max_new_tokens: int, *, runner: ModelRunner | None, block_size: int,
+                 max_new_tokens: int, *, runner: ModelRunner | None, block_size: int | None,
                  tree_budget: int = 0) -> ModelRunner:
-    """Check the request (`check_request`); return `runner`, or a new one sized for it."""
+    """A loop call's door. Given a runner, the request must fit it: the model's cheap checks and
+    the runner's sizes (its caches exist: no memory to probe). Else the whole request is checked
+    (`check_request`, the memory probed once) and a runner is built for it."""
+    if runner is None:
+        block_size = block_size or default_block_size(drafter)
+        check_request(target, drafter, prompt_ids, max_new_tokens, block_size=block_size,
+                      tree_budget=tree_budget)
+        slots = cache_slots(len(prompt_ids), max_new_tokens, block_size, tree_budget)
+        return ModelRunner(target, drafter, block_size=block_size, tree_budget=tree_budget,
+                           max_length=slots)
+    target.check_request(prompt_ids, max_new_tokens)
+    block_size = block_size or runner.block_size
     slots = cache_slots(len(prompt_ids), max_new_tokens, block_size, tree_budget)
-    check_request(target, drafter, prompt_ids, max_new_tokens, block_size=block_size,
-                  tree_budget=tree_budget)
-    runner = runner or ModelRunner(target, drafter, block_size=block_size, tree_budget=tree_budget,
-                                   max_length=slots)
-    sizes = (runner.block_size, runner.tree_budget)
-    if (block_size, tree_budget or runner.tree_budget) != sizes or slots > runner.max_length:
+    if (block_size, tree_budget or runner.tree_budget) != (runner.block_size, runner.tree_budget) \
+            or slots > runner.max_length:
         raise UsageError(f"block size {block_size}, tree budget {tree_budget} and {slots} cache "
                          f"slots do not fit the runner's {runner.block_size}, {runner.tree_budget} "
                          f"and {runner.max_length}")
     return runner
 
 
+def prefilled(runner: ModelRunner, prompt_ids: Sequence[int], output: GenerationBuilder,
+              sampling: Sampling, generator: torch.Generator | None,
+              first_token_choices: Sequence[int] | None) -> tuple[int, torch.Tensor]:
+    """Every loop's start: the prompt through the target (`ModelRunner.prefill`), its first new
+    token committed to `output` (not yet to the target's cache); that token and the features."""
+    first, features = runner.prefill(prompt_ids, sampling, generator, first_token_choices)
+    output.commit([first], step=False)
+    return first, features
+
+
 @torch.no_grad()
 def generate_autoregressive(target: Qwen3, prompt_ids: Sequence[int], max_new_tokens: int, *,
-                            temperature=0.0, sampling: Sampling | None = None,
-                            stop_ids: Sequence[int] = (), generator=None,
-                            on_token: OnToken | None = None, runner: ModelRunner | None = None,
+                            sampling: Sampling = GREEDY, stop_ids: Sequence[int] = (),
+                            generator=None, on_token: OnToken | None = None,
+                            runner: ModelRunner | None = None,
                             first_token_choices: Sequence[int] | None = None) -> Generation:
-    """The baseline: one target pass per new token. `sampling` (default: the plain softmax at
-    `temperature`) draws tokens; `first_token_choices` (token healing) limit the first."""
-    sampling, device = sampling or Sampling(temperature), target.embed_tokens.weight.device
-    runner = ready_runner(target, None, prompt_ids, max_new_tokens, runner=runner,
-                          block_size=runner.block_size if runner is not None else 1)
-    output = GenerationBuilder(max_new_tokens, stop_ids, on_token, device)
-    token, _ = runner.prefill(prompt_ids, sampling, generator, first_token_choices)
-    output.commit([token], step=False)  # committed, but not yet in the target's cache
+    """The baseline: one target pass per new token, drawn by `sampling` (default: greedy);
+    `first_token_choices` (token healing) limit the first."""
+    runner = ready_runner(target, None, prompt_ids, max_new_tokens, runner=runner, block_size=None)
+    output = GenerationBuilder(max_new_tokens, stop_ids, on_token, runner.block_offsets.device)
+    token, _ = prefilled(runner, prompt_ids, output, sampling, generator, first_token_choices)
     while not output.done:
         token_after = runner.decode(token, sampling, generator)  # the one host sync of the step
         runner.commit(1)  # `token`, now written in the cache
@@ -405,30 +401,29 @@ def generate_autoregressive(target: Qwen3, prompt_ids: Sequence[int], max_new_to
 
 @torch.no_grad()
 def generate_dflash(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int],
-                    max_new_tokens: int, *, block_size: int | None = None, temperature=0.0,
-                    sampling: Sampling | None = None, draft_policy: str = "greedy",
+                    max_new_tokens: int, *, sampling: Sampling = GREEDY,
+                    draft_policy: str = "greedy", block_size: int | None = None,
                     stop_ids: Sequence[int] = (), generator=None, on_token: OnToken | None = None,
                     runner: ModelRunner | None = None,
                     first_token_choices: Sequence[int] | None = None) -> Generation:
     """Speculative decoding: draft a block, verify it, keep the drafts that match the target's pick
     at their slot, then its own token after them: `generate_autoregressive`'s law (greedy: its
     output). `draft_policy`: drafts are argmax (`greedy`), drawn (`sampled`; `mixed:K`: first K)."""
-    sampling, device = sampling or Sampling(temperature), target.embed_tokens.weight.device
-    block_size = block_size or (runner.block_size if runner else default_block_size(drafter))
-    sampled, greedy = sampled_slots(draft_policy, block_size, sampling), sampling.greedy
     runner = ready_runner(target, drafter, prompt_ids, max_new_tokens, runner=runner,
                           block_size=block_size)
-    output = GenerationBuilder(max_new_tokens, stop_ids, on_token, device)
-    last, features = runner.prefill(prompt_ids, sampling, generator, first_token_choices)
-    output.commit([last], step=False)  # not yet in the target's cache; features: (1, n, F)
+    # drafts drawn from the drafter, at the block's first `sampled` slots: none for greedy drafts
+    sampled = 0 if draft_policy == "greedy" else sampled_slots(draft_policy, runner.block_size,
+                                                                sampling)
+    output = GenerationBuilder(max_new_tokens, stop_ids, on_token, runner.block_offsets.device)
+    last, features = prefilled(runner, prompt_ids, output, sampling, generator, first_token_choices)
     while not output.done:
         if sampled:  # (block - 1,) drafts, some drawn from the drafter's q (sampled, vocab)
             drafts, draft_probs = runner.draft_sampled(features, last, sampling, sampled, generator)
         else:  # the drafter's likeliest
             drafts, draft_probs = argmax(runner.draft(features, last)), None
         # (block,) tokens the target picks, (1, block, F) features
-        target_tokens, features = (runner.verify(drafts) if greedy else
-                                   runner.verify_sampled(drafts, draft_probs, sampling, generator))
+        target_tokens, features = (runner.verify_sampled(drafts, draft_probs, sampling, generator)
+                                   if sampling.temperature else runner.verify(drafts))
         both = torch.cat([drafts, target_tokens]).tolist()  # the one host sync of the step
         drafts, target_tokens = both[:len(drafts)], both[len(drafts):]
         accepted = 0  # drafts kept: those before the first the target disagrees with
@@ -442,68 +437,61 @@ def generate_dflash(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int],
 
 @torch.no_grad()
 def generate_dflash_tree(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int],
-                         max_new_tokens: int, *, budget: int, block_size: int | None = None,
-                         temperature=0.0, sampling: Sampling | None = None,
-                         stop_ids: Sequence[int] = (), generator=None,
-                         on_token: OnToken | None = None, runner: ModelRunner | None = None,
+                         max_new_tokens: int, *, budget: int, sampling: Sampling = GREEDY,
+                         block_size: int | None = None, stop_ids: Sequence[int] = (),
+                         generator=None, on_token: OnToken | None = None,
+                         runner: ModelRunner | None = None,
                          first_token_choices: Sequence[int] | None = None):
     """Speculative decoding with a tree of the `budget` continuations the drafter finds likeliest,
     all checked in one pass (`dflash/tree.py`); the walk keeps the path the target agrees with,
     plus its token after it. Children are chosen, not sampled (that needs a multi-draft rule)."""
-    sampling, device = sampling or Sampling(temperature), target.embed_tokens.weight.device
-    block_size = block_size or (runner.block_size if runner else default_block_size(drafter))
     if budget < 1:
         raise UsageError(f"a tree needs a budget of at least 1 node, got {budget}")
     runner = ready_runner(target, drafter, prompt_ids, max_new_tokens, runner=runner,
                           block_size=block_size, tree_budget=budget)
-    output = GenerationBuilder(max_new_tokens, stop_ids, on_token, device)
-    last, features = runner.prefill(prompt_ids, sampling, generator, first_token_choices)
-    output.commit([last], step=False)  # features: (1, n, F)
+    output = GenerationBuilder(max_new_tokens, stop_ids, on_token, runner.block_offsets.device)
+    last, features = prefilled(runner, prompt_ids, output, sampling, generator, first_token_choices)
     while not output.done:
         logprobs, candidates = runner.draft_tree(features, last)
         tree = build_tree(last, logprobs.tolist(), candidates.tolist(), budget)  # host sync 1
         target_tokens = runner.verify_tree(tree, sampling, generator).tolist()  # 2: (budget + 1,)
         path = walk(tree, target_tokens)  # the accepted nodes, root first
-        kept = [target_tokens[node] for node in path]  # the accepted drafts, then the target's own
+        committed = [target_tokens[node] for node in path]  # the accepted drafts, then the target's
         features = runner.commit_path(path)  # the path's keys and values next to the committed
-        output.commit(kept, drafted=len(path) - 1)
-        last = kept[-1]
+        output.commit(committed, drafted=len(path) - 1)
+        last = committed[-1]
     return output.result
 
 
 # ------------------------------------------------------------------ the command line
 
 
-def run(args) -> int:
-    prompt = check_options(args)
-    checkpoint_folder(args.model, "model", UsageError)  # before its tokenizer is looked for
-    if not args.no_draft:
-        checkpoint_folder(args.draft, "drafter", UsageError)
-    device = pick_device(args.device)
-    compile = check_compile(args, device)
-    dtype = pick_dtype(args.dtype, device, args.model)
-    sampling, tokenizer = sampling_of(args, args.model), find_tokenizer(args.model)
-    check_filters(args, sampling)
-    prompt_ids, choices = encode_for_generation(prompt, tokenizer, args.chat, args.thinking,
-                                                args.token_healing)
-    target = Qwen3.from_pretrained(args.model, device=device, dtype=dtype)
-    drafter = None if args.no_draft else Drafter.from_pretrained(args.draft, target=target,
-                                                                 device=device, dtype=dtype)
+def generate_from_args(args) -> int:
+    """The command: the request read and checked before any load (`read_request`), the models
+    loaded, the request checked against them once, the loops warmed up, run and reported."""
+    request = read_request(args)
+    device, prompt_ids, tokenizer = request.device, request.prompt_ids, request.tokenizer
+    target = Qwen3.from_pretrained(args.model, device=device, dtype=request.dtype)
+    drafter = None if args.no_draft else Drafter.from_pretrained(
+        args.draft, target=target, device=device, dtype=request.dtype)
     stops = stop_token_ids(args.model, tokenizer)
     block_size = args.block_size or default_block_size(drafter)
     if block_size == "auto":  # from this machine's pass costs and the drafter's acceptance
         steps = functools.partial(generate_dflash, target, drafter, prompt_ids, 64, stop_ids=stops)
-        block_size = choose_block(ModelRunner, target, drafter, args.draft, compile=compile,
-                                  first_steps=steps)
+        block_size = choose_block(ModelRunner, target, drafter, args.draft,
+                                  compile=request.compile, first_steps=steps)
+    where = request.prompt.where
     check_request(target, drafter, prompt_ids, args.max_new_tokens, block_size=block_size,
-                  tree_budget=args.tree, where=prompt.where)  # before the runner allocates caches
-    check_no_mask_token(drafter, prompt_ids, prompt.where)
-    sampled_slots(args.draft_policy, block_size, sampling)  # refuses a bad policy before any work
+                  tree_budget=args.tree, where=where)  # before the runner allocates caches
+    check_no_mask_token(drafter, prompt_ids, where)
+    sampled_slots(args.draft_policy, block_size, request.sampling)  # a bad policy, before any work
     slots = cache_slots(len(prompt_ids), args.max_new_tokens, block_size, args.tree)
     runner = ModelRunner(target, drafter, block_size=block_size, tree_budget=args.tree,
-                         compile=compile, max_length=slots, flex_attention=args.flex_attention,
+                         compile=request.compile, max_length=slots,
+                         flex_attention=args.flex_attention,
                          mode="reduce-overhead" if device.type == "cuda" else None)
-    common = dict(sampling=sampling, stop_ids=stops, runner=runner, first_token_choices=choices)
+    common = dict(sampling=request.sampling, stop_ids=stops, runner=runner,
+                  first_token_choices=request.first_token_choices)
     loops = {}  # name -> the loop, given max_new_tokens and the rest
     if args.compare or drafter is None:
         loops["baseline"] = functools.partial(generate_autoregressive, target, prompt_ids, **common)
@@ -515,7 +503,8 @@ def run(args) -> int:
                                             draft_policy=args.draft_policy, **common)
     # An unmeasured run of each loop pays one-time costs (allocations, kernels, compiling, graphs);
     # compiled, to the limit without stopping: every `keys_bucket` the measured run reads compiles.
-    warm_tokens = args.max_new_tokens if compile else min(args.max_new_tokens, 2 * block_size + 2)
+    warm_tokens = (args.max_new_tokens if request.compile
+                   else min(args.max_new_tokens, 2 * block_size + 2))
     began = time.perf_counter()
     for loop in loops.values():
         loop(warm_tokens, generator=torch.Generator(device).manual_seed(args.seed), stop_ids=())
@@ -527,22 +516,12 @@ def run(args) -> int:
         results[name] = loop(args.max_new_tokens, on_token=printer,
                              generator=torch.Generator(device).manual_seed(args.seed))
         print("" if args.json else "\n", end="")
-    final, slow = list(results.values())[-1], results.get("baseline") if args.compare else None
-    if args.json:
-        text = tokenizer.decode(final.new_ids, skip_special_tokens=True) if tokenizer else ""
-        print(json.dumps(final.report(text, slow)))
-        return 0
-    print(f"[device {device}, {str(dtype).removeprefix('torch.')}, batch 1, compile "
-          f"{'on' if compile else 'off'}, {sampling}, warm-up {warm_up:.1f} s]", file=sys.stderr)
-    for name, result in results.items():
-        print(result.summary(name, block_size), file=sys.stderr)
-    if slow is not None:
-        print(f"speedup: {final.speedup_over(slow):.2f}x", file=sys.stderr)
+    print_report(args, request, results, block_size, warm_up)
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_cli(build_parser(), run, argv)
+    return run_cli(build_parser(), generate_from_args, argv)
 
 
 if __name__ == "__main__":

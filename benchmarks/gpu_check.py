@@ -80,12 +80,13 @@ from bench_train import SHAPES as TRAIN_SHAPES, VOCAB, projected_peak_bytes
 from dflash.cli import (HelpWithDefaults, OneLineErrors, UsageError,
                         check_output, checked, non_negative, positive_int, run_cli)
 from dflash.drafter import Drafter, DrafterConfig, default_target_layer_ids
+from dflash.compiled import FIXED_READS, FLEX_READS
 from dflash.measure import Timed
 from dflash.qwen3 import KVCache, Qwen3, Qwen3Config
 from dflash.train_kernels import AnchoredBlocks
 from dflash.training import init_weights, optimizer_step
-from generate import (FIXED_READS, FLEX_READS, ModelRunner, decode_pass, draft_pass,
-                      generate_autoregressive, generate_dflash, generate_dflash_tree, verify_pass)
+from generate import (ModelRunner, decode_pass, draft_pass, generate_autoregressive,
+                      generate_dflash, generate_dflash_tree, verify_pass)
 
 ROOT = Path(__file__).resolve().parents[1]
 

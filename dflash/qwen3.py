@@ -16,6 +16,7 @@ from torch import nn
 from torch.nn.attention.bias import causal_lower_right
 
 from dflash import checkpoint
+from dflash.errors import UsageError
 
 
 @dataclass
@@ -350,6 +351,29 @@ class Qwen3(nn.Module):
                     captured[slot] = x
         features = torch.cat(captured, dim=-1) if capture_layers else None
         return x, features  # (batch, seq, hidden), (batch, seq, n * hidden)
+
+    def check_request(self, prompt_ids: Sequence[int], max_new_tokens: int,
+                      where: str = "prompt") -> None:
+        """Refuse, in one line naming the problem, what this model cannot serve: an empty prompt,
+        an id it has no embedding for, more positions than it was built for. Cheap (no tensor, no
+        memory probe), so every loop call checks it."""
+        n, limit = len(prompt_ids), self.config.max_position_embeddings
+        vocab = self.config.vocab_size
+        if n == 0:
+            raise UsageError(f"{where}: the prompt is empty")
+        if n >= limit:
+            raise UsageError(f"{where}: the prompt's {n} tokens leave no room for new ones in the "
+                             f"model's max_position_embeddings ({limit})")
+        if max_new_tokens <= 0:
+            raise UsageError(f"max_new_tokens must be positive, got {max_new_tokens}")
+        if max_new_tokens > limit - n:
+            raise UsageError(f"{where}: the prompt's {n} tokens and max_new_tokens "
+                             f"{max_new_tokens} exceed the model's max_position_embeddings "
+                             f"({limit}): at most {limit - n} new tokens fit")
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
+            outside = next(token for token in prompt_ids if not 0 <= token < vocab)
+            raise UsageError(f"{where}: token id {outside} is outside the vocabulary "
+                             f"(0..{vocab - 1})")
 
     def new_cache(self, max_length: int, batch: int = 1) -> KVCache:
         """A KV cache for `max_length` positions on this model's device and dtype."""

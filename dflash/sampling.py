@@ -89,6 +89,9 @@ class Sampling:
             ranks = min(4 * ranks, probs.shape[-1])
 
 
+GREEDY = Sampling()  # the argmax: every loop's default
+
+
 def tempered_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:
     """softmax(logits / temperature) (..., vocab), computed in float32 and returned in float64. The sums that follow
     over 150,000 tokens (the filters', `draw`'s running sum) need float64: a float32 running sum rounds most of the
