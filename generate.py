@@ -163,14 +163,14 @@ class ModelRunner:
         both = (self.target_cache, self.drafter_cache)
         return both if self.drafter_cache is not None else both[:1]
 
-    def run_pass(self, name: str, cache: KVCache, *args, **options):
+    def run_pass(self, name: str, cache: KVCache, *args, eager: bool = False, **options):
         """Pass `name` on `cache`; the one place that decides how many slots it reads, and under
         which mask. Eagerly: the committed ones and its chunk (`EagerReads`). Else a fixed shape:
         the bucket (`keys_bucket`) holding the committed slots and the widest chunk, under position
         masks (`FixedReads`); the slot count is a shape, so compiled, each bucket has its own copy.
-        The cache reads the bucket for this pass only. The first draft reads eagerly: its context
-        is the whole prompt, any length (an empty cache is the drafter's before it)."""
-        if self.reads is None or cache.length == 0:
+        The cache reads the bucket for this pass only. `eager`: the first draft, whose context is
+        the whole prompt (any length)."""
+        if eager or self.reads is None:
             return PASSES[name](*args, **options)
         cache.read_limit = keys_bucket(cache.length + self.widest_chunk, cache.max_length)
         try:
@@ -220,16 +220,17 @@ class ModelRunner:
         draft_probs = sampling.probs(logits[:sampled])  # (sampled, vocab)
         return torch.cat([draw(draft_probs, generator), argmax(logits[sampled:])]), draft_probs
 
-    def draft(self, features: torch.Tensor, last_token: int) -> torch.Tensor:
+    def draft(self, features: torch.Tensor, last_token: int, *, commit: bool = True
+              ) -> torch.Tensor:
         """The drafter's logits (block - 1, vocab) for [last_token, MASK, ...], `last_token` the
         newest committed. `features` (1, ctx, F) are the target's where the drafter has not looked
         yet (the prompt's, later the kept ones), committed to the drafter's cache. The block starts
         at the target's committed length, the context rows just before it: eagerly (and first after
         the prefill, any prompt length) the pass reads those rows; compiled, the whole features
-        buffer (one shape)."""
+        buffer (one shape). Not `commit`: the context stays scratch (a calibration repeats a draft)."""
         cache, offsets, rows = self.drafter_cache, self.block_offsets, features.shape[1]
         start = self.target_cache.length  # of `last_token`: the block's first position
-        fixed = self.reads is not None and cache.length > 0  # as `run_pass` will read it
+        fixed = self.reads is not None and cache.length > 0  # an empty cache: the first draft
         context_slots = None  # eagerly, every row is context, written at its position
         if fixed:
             features = self.features  # (1, block, F): `features` was its first `rows` rows
@@ -241,8 +242,10 @@ class ModelRunner:
         self.block_ids[0, 1:] = self.mask_token_id
         logits = self.run_pass("draft", cache, self.target, self.drafter, cache, features,
                                self.block_ids, context_positions=context_positions,
-                               context_slots=context_slots, block_positions=offsets + start)
-        cache.extend(rows)  # the context is kept; the block's slots were scratch
+                               context_slots=context_slots, block_positions=offsets + start,
+                               eager=not fixed)
+        if commit:
+            cache.extend(rows)  # the context is kept; the block's slots were scratch
         return logits
 
     def verify(self, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -147,30 +147,30 @@ def measured_acceptance(acceptance_lengths: Sequence[int], block_size: int) -> l
 
 def steady_runner(runner_class, target: Qwen3, drafter: Drafter, block_size: int, context: int,
                   compile: bool):
-    """A runner for blocks of `block_size`, its caches holding a `context`-token prompt and its
-    first draft's context. `runner_class` is generate.py's ModelRunner (the package does not import
-    a script)."""
+    """A runner for blocks of `block_size` in the middle of a reply, through its own methods: the
+    target's cache holds `context` tokens, half the last block kept; the drafter's all but that
+    half, the next draft's new context. `runner_class` is generate.py's ModelRunner (the package
+    does not import a script)."""
+    kept = block_size // 2
     runner = runner_class(target, drafter, max_length=context + 64, block_size=block_size,
-                                compile=compile)
-    prompt = torch.randint(0, target.config.vocab_size - 2, (context,),
+                          compile=compile)
+    prompt = torch.randint(0, target.config.vocab_size - 2, (context - kept,),
                            generator=torch.Generator().manual_seed(0))
     first, features = runner.prefill(prompt, Sampling(), None)
-    runner.draft(features, first)  # the drafter's cache takes the prompt
+    drafts = runner.draft(features, first).argmax(dim=-1)  # the drafter's cache takes the prompt
+    runner.verify(drafts)
+    runner.commit(kept)  # the target's cache holds `context` tokens
     return runner
 
 
-def step_passes(runner, block_size: int, context: int) -> dict[str, Callable[[], object]]:
-    """The verify and draft passes of a steady-state step (half the last block kept), each leaving
-    the caches as it found them, so that every call costs the same."""
+def step_passes(runner, block_size: int) -> dict[str, Callable[[], object]]:
+    """The verify and draft passes of a steady-state step (`steady_runner`), each committing
+    nothing, so that every call costs the same."""
     drafts = torch.arange(1, block_size, device=runner.block_offsets.device)  # (block - 1,)
     kept = block_size // 2  # the kept half of the last block: the next draft's new context
-    drafter_length = runner.drafter_cache.length = context - kept  # the half is not in it yet
-
-    def draft():
-        runner.draft(runner.features[:, :kept], 1)
-        runner.drafter_cache.length = drafter_length  # undo its commit
-
-    return {f"verify {block_size}": lambda: runner.verify(drafts), f"draft {block_size}": draft}
+    return {f"verify {block_size}": lambda: runner.verify(drafts),
+            f"draft {block_size}": lambda: runner.draft(runner.features[:, :kept], 1,
+                                                        commit=False)}
 
 
 def fit_line(points: Sequence[tuple[int, float]]) -> dict[str, float]:
@@ -195,7 +195,7 @@ def calibrate(runner_class, target: Qwen3, drafter: Drafter, blocks: Sequence[in
     draft_ms, verify_ms = {}, {}
     for n in blocks:
         runner = steady_runner(runner_class, target, drafter, n, CALIBRATION_CONTEXT, compile)
-        passes = step_passes(runner, n, CALIBRATION_CONTEXT)
+        passes = step_passes(runner, n)
         for job in passes.values():
             job()  # compiles, allocates
         best, total, done = dict.fromkeys(passes, float("inf")), 0.0, 0

@@ -117,8 +117,9 @@ def test_calibration_times_each_block_and_leaves_the_caches_as_found():
     drafter = Drafter.from_pretrained(DRAFTER, target=target, dtype=torch.float32)
     runner = block_choice.steady_runner(generate.ModelRunner, target, drafter, 8, 40, False)
     lengths = lambda: (runner.target_cache.length, runner.drafter_cache.length)  # noqa: E731
-    passes = block_choice.step_passes(runner, 8, 40)
+    passes = block_choice.step_passes(runner, 8)
     before = lengths()
+    assert before == (40, 40 - 8 // 2)  # mid-reply: the drafter has yet to see the kept half
     for job in passes.values():
         job()
         assert lengths() == before
