@@ -227,7 +227,7 @@ class ModelRunner:
         yet (the prompt's, later the kept ones), committed to the drafter's cache. The block starts
         at the target's committed length, the context rows just before it: eagerly (and first after
         the prefill, any prompt length) the pass reads those rows; compiled, the whole features
-        buffer (one shape). Not `commit`: the context stays scratch (calibrations repeat a draft)."""
+        buffer (one shape). Not `commit`: the context stays scratch (a calibration's repeats)."""
         cache, offsets, rows = self.drafter_cache, self.block_offsets, features.shape[1]
         start = self.target_cache.length  # of `last_token`: the block's first position
         fixed = self.reads is not None and cache.length > 0  # an empty cache: the first draft
