@@ -190,7 +190,7 @@ class ModelRunner:
         prompt = torch.as_tensor(prompt_ids, device=self.block_offsets.device).view(1, -1)  # (1, n)
         hidden, features = self.target(prompt, cache=self.target_cache,
                                        capture_layers=self.layer_ids)
-        self.target_cache.extend(prompt.shape[1])
+        self.target_cache.commit(prompt.shape[1])
         logits = self.target.logits(hidden[0, -1])  # (vocab,)
         if first_token_choices is not None:
             logits = keep_only(logits, first_token_choices)
@@ -206,7 +206,7 @@ class ModelRunner:
     def commit(self, kept: int) -> torch.Tensor:
         """Commit the verified block's first `kept` slots (last token, accepted drafts) to the
         target's cache. Their features (1, kept, F) are the next draft's context (`draft`)."""
-        self.target_cache.extend(kept)
+        self.target_cache.commit(kept)
         return self.features[:, :kept]
 
     # ------------------------------------------------------------------- chains
@@ -245,7 +245,7 @@ class ModelRunner:
                                context_slots=context_slots, block_positions=offsets + start,
                                eager=not fixed)
         if commit:
-            cache.extend(rows)  # the context is kept; the block's slots were scratch
+            cache.commit(rows)  # the context is kept; the block's slots were scratch
         return logits
 
     def verify(self, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -299,7 +299,7 @@ class ModelRunner:
         the committed ones. Its features (1, path, F) are the next draft's context."""
         start, nodes = self.target_cache.length, self.node_offsets.new_tensor(path)
         self.target_cache.compact(self.node_offsets.new_tensor(path_slots(path, start)), start)
-        self.target_cache.extend(len(path))
+        self.target_cache.commit(len(path))
         self.features[:, :len(path)] = self.node_features[:, nodes]  # (1, path, F)
         return self.features[:, :len(path)]
 

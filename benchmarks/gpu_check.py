@@ -615,12 +615,12 @@ class Filled:
         prompt = torch.randint(0, 1000, (1, context), device=device)  # (1, context)
         layer_ids = drafter.config.target_layer_ids
         _, features = target(prompt, cache=target_cache, capture_layers=layer_ids)
-        target_cache.extend(context)
+        target_cache.commit(context)
         positions = torch.arange(context, device=device)
         draft_pass(target, drafter, drafter_cache, features, prompt[:, :BLOCK],
                    context_positions=positions, context_slots=positions,
                    block_positions=context + torch.arange(BLOCK, device=device))
-        drafter_cache.extend(context)
+        drafter_cache.commit(context)
         for cache in (target_cache, drafter_cache):
             cache.read_limit = cache.max_length  # the whole buffer, under a position mask
         return cls(target, drafter, target_cache, drafter_cache, context)

@@ -197,7 +197,7 @@ class DecoderLayer(nn.Module):
 class KVCache:
     """Preallocated keys and values, one pair of tensors per layer, written by position.
     Slots 0..length-1 hold the committed sequence. A pass writes its chunk right after them; the
-    caller commits what it keeps (`extend`) or cuts the rejected tail (`trim`), overwritten before
+    caller commits what it keeps (`commit`) or cuts the rejected tail (`trim`), overwritten before
     anything reads it. A pass reads the committed slots and its chunk, unless its caller fixes how
     many (`read_limit`: a compiled pass needs one shape, so reads a bucket of slots under a position
     mask hiding every slot past the query, `ModelRunner.run_pass`)."""
@@ -237,7 +237,7 @@ class KVCache:
         for buffer in self.keys + self.values:
             buffer.index_copy_(2, destinations, buffer.index_select(2, sources))
 
-    def extend(self, count: int) -> None:
+    def commit(self, count: int) -> None:
         """Commit the `count` positions just written after the committed ones."""
         if self.length + count > self.max_length:
             raise ValueError(f"cannot commit {count} more positions to a cache of "

@@ -162,7 +162,7 @@ def test_batched_positions_and_a_cache_give_the_reference_too(pair):
     assert (hidden - ref["draft_hidden"]).abs().max() <= TOLERANCE
     cache = KVCache.for_layers(drafter.config.layers, drafter.fc.weight, 64, batch=2)
     drafter(ref["features"][:, :6], block, torch.arange(6), torch.arange(6, 14), cache=cache)
-    cache.extend(6)  # the first 6 context positions kept, the block forgotten
+    cache.commit(6)  # the first 6 context positions kept, the block forgotten
     hidden = drafter(ref["features"][:, 6:], block, torch.arange(6, 12), torch.arange(12, 20),
                      cache=cache)
     assert (hidden - ref["draft_hidden"]).abs().max() <= TOLERANCE

@@ -58,7 +58,7 @@ def test_cached_context_gives_the_same_draft(pair):
     cache = KVCache.for_layers(drafter.config.layers, drafter.fc.weight, 64)
     first_block = block_positions - block_positions[0] + 6  # right after the first 6 context positions
     drafter(features[:, :6], block, context_positions[:6], first_block, cache=cache)
-    cache.extend(6)  # keep the context; the block's slots were scratch
+    cache.commit(6)  # keep the context; the block's slots were scratch
     hidden = drafter(features[:, 6:], block, context_positions[6:], block_positions, cache=cache)
     assert (hidden - ref["draft_hidden"]).abs().max() <= 1e-4
 
