@@ -17,11 +17,18 @@ def acceptance_histogram(acceptance_lengths: Sequence[int], block_size: int) -> 
     return [list(acceptance_lengths).count(accepted) for accepted in range(1, block_size + 1)]
 
 
-def per_position_acceptance(acceptance_lengths: Sequence[int], block_size: int) -> list[float | None]:
-    """For draft slots k = 1..B-1, how often slot k was kept once reached (a step of length L reaches k <= L)."""
-    reached = [sum(length >= slot for length in acceptance_lengths) for slot in range(1, block_size)]
-    kept = [sum(length > slot for length in acceptance_lengths) for slot in range(1, block_size)]
+def slot_acceptance(histogram: Sequence[float]) -> list[float | None]:
+    """Per draft slot k = 1..B-1, how often slot k was kept once reached, from how many steps committed 1, 2,
+    ..., B tokens (a step of L tokens reaches slot k when k <= L and keeps it when k < L). None: never
+    reached. The one place it is computed: the benchmarks' runs and training's held-out evaluation alike."""
+    reached = [sum(histogram[slot - 1:]) for slot in range(1, len(histogram))]  # length >= k
+    kept = [sum(histogram[slot:]) for slot in range(1, len(histogram))]  # length > k
     return [k / r if r else None for k, r in zip(kept, reached)]
+
+
+def per_position_acceptance(acceptance_lengths: Sequence[int], block_size: int) -> list[float | None]:
+    """`slot_acceptance` of the steps that committed `acceptance_lengths` tokens each."""
+    return slot_acceptance(acceptance_histogram(acceptance_lengths, block_size))
 
 
 @dataclass

@@ -80,12 +80,12 @@ def test_compiled_passes_compute_the_eager_logits_and_features(pair, runners):
     positions = runner.block_offsets + runner.target_cache.length  # (block,)
     arguments = (target, runner.target_cache, block, positions, runner.layer_ids)
     eager_logits, eager_features = PASSES["verify"](*arguments)
-    logits, features = runner.run("verify", runner.target_cache, *arguments)
+    logits, features = runner.run_pass("verify", runner.target_cache, *arguments)
     torch.testing.assert_close(logits, eager_logits, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(features, eager_features, rtol=1e-4, atol=1e-4)
     token, position = block[:, :1], positions[:1]  # (1, 1), (1,)
     arguments = (target, runner.target_cache, token, position)
-    decode_logits = runner.run("decode", runner.target_cache, *arguments)
+    decode_logits = runner.run_pass("decode", runner.target_cache, *arguments)
     torch.testing.assert_close(decode_logits, PASSES["decode"](*arguments), rtol=1e-4, atol=1e-4)
 
 
