@@ -12,7 +12,6 @@ loops, the command line. `Generation`, the record a call returns, is in `dflash/
 from __future__ import annotations
 
 import functools
-import json
 import sys
 import time
 from typing import Sequence
@@ -21,18 +20,16 @@ import torch
 from torch.nn.attention.bias import causal_lower_right
 
 from dflash.block_choice import choose_block
-from dflash.cli import UsageError, pick_device, pick_dtype, run_cli
-from dflash.compiled import compiled_copy, keys_bucket
-from dflash.drafter import Drafter, cached_block_mask
-from dflash.flex_reads import filled_blocks
-from dflash.checkpoint import checkpoint_folder
-from dflash.generate_options import (WEIGHTS, build_parser, check_compile,  # noqa: F401 (CLI's)
-                                     check_filters, check_options)
-from dflash.prompts import check_no_mask_token, check_request, encode_for_generation
-from dflash.qwen3 import KVCache, Qwen3, argmax, causal_mask, masked, tree_mask_over_cache
+from dflash.cli import run_cli
+from dflash.errors import UsageError
+from dflash.compiled import FIXED_READS, FLEX_READS, compiled_copy, keys_bucket
+from dflash.drafter import Drafter
+from dflash.generate_options import WEIGHTS, build_parser, print_report, read_request  # noqa: F401
+from dflash.prompts import check_no_mask_token, check_request
+from dflash.qwen3 import Attend, KVCache, Qwen3, argmax, masked, tree_mask_over_cache
 from dflash.results import Generation, OnToken, synchronize
-from dflash.sampling import Sampling, draw, keep_only, sample, sampled_slots, sampling_of, verdicts
-from dflash.tokenizer import Printer, find_tokenizer, stop_token_ids
+from dflash.sampling import GREEDY, Sampling, draw, keep_only, sample, sampled_slots, verdicts
+from dflash.tokenizer import Printer, stop_token_ids
 from dflash.tree import DraftTree, build_tree, path_slots, verify_inputs, walk
 
 
@@ -40,46 +37,60 @@ from dflash.tree import DraftTree, build_tree, path_slots, verify_inputs, walk
 
 # The passes after the prefill: functions of the models, a cache and tensors, shaped alike wherever
 # they run. Each writes its chunk after the cache's committed length, commits nothing and returns
-# logits (the runner picks tokens). Eagerly a pass reads the committed keys and its chunk under the
-# cheapest mask that says so (none, or a causal bias); compiled (`cache.fixed_shape`), a bucket of
-# slots under a position mask, through `reads`: `masked` (SDPA) or `filled_blocks` (FlexAttention).
+# logits (the runner picks tokens). How a pass reads the cache is not its to decide: `reads`, which
+# the runner hands it (`ModelRunner.run_pass`), says under which mask it reads its keys.
 
 
-def decode_pass(target: Qwen3, cache: KVCache, token, position, *, reads=masked):
+class EagerReads:
+    """How an eager pass reads: the committed slots and its chunk (`KVCache.keys_to_read`), under
+    the cheapest mask that says so. No mask and a causal bias keep SDPA's fused kernels open. (A
+    fixed-shape pass reads a bucket under a position mask: `dflash.compiled.FixedReads`.)"""
+
+    under = staticmethod(masked)  # under a mask the pass built itself (a tree's)
+
+    @staticmethod
+    def attend(positions: torch.Tensor, keys: int, *, causal: bool) -> Attend:
+        """A chunk at `positions` (n,), the last n of the `keys` read: each query sees up to itself
+        (`causal`), or every query the whole chunk (a drafted block, or a single token)."""
+        return masked(causal_lower_right(len(positions), keys) if causal else None)
+
+
+EAGER_READS = EagerReads()
+
+
+def decode_pass(target: Qwen3, cache: KVCache, token, position, *, reads=EAGER_READS):
     """The target's logits (1, vocab) after one token (1, 1) at `position` (1,): a plain step."""
-    mask = causal_mask(position, cache.keys_to_read(1)) if cache.fixed_shape else None
-    return target.logits(target(token, position, cache, attend=reads(mask))[0][0])
+    attend = reads.attend(position, cache.keys_to_read(1), causal=False)
+    return target.logits(target(token, position, cache, attend=attend)[0][0])
 
 
-def verify_pass(target: Qwen3, cache: KVCache, ids, positions, layer_ids, *, reads=masked):
+def verify_pass(target: Qwen3, cache: KVCache, ids, positions, layer_ids, *, reads=EAGER_READS):
     """The target's logits after each token of a block (1, block) at `positions` (block,), and its
     features there (1, block, n_layers * hidden), for the next draft."""
-    keys, block = cache.keys_to_read(ids.shape[1]), ids.shape[1]
-    # Eagerly the block reads the committed keys and itself, causally: a lower-right causal mask.
-    mask = causal_mask(positions, keys) if cache.fixed_shape else causal_lower_right(block, keys)
-    hidden, features = target(ids, positions, cache, capture_layers=layer_ids, attend=reads(mask))
+    attend = reads.attend(positions, cache.keys_to_read(ids.shape[1]), causal=True)
+    hidden, features = target(ids, positions, cache, capture_layers=layer_ids, attend=attend)
     return target.logits(hidden[0]), features  # (block, vocab), (1, block, F)
 
 
 def verify_tree_pass(target: Qwen3, cache: KVCache, ids, positions, *, slots, tree_mask,
-                     layer_ids, reads=masked):
+                     layer_ids, reads=EAGER_READS):
     """As `verify_pass`, for a draft tree's nodes (1, nodes): node i, at position `positions[i]`
     in cache slot `slots[i]`, sees the committed tokens, its ancestors and itself (`tree_mask`)."""
     mask = tree_mask_over_cache(slots, tree_mask, cache.keys_to_read(ids.shape[1]))
-    hidden, features = target(ids, positions, cache, capture_layers=layer_ids, attend=reads(mask),
-                              slots=slots)
+    hidden, features = target(ids, positions, cache, capture_layers=layer_ids,
+                              attend=reads.under(mask), slots=slots)
     return target.logits(hidden[0]), features  # (nodes, vocab), (1, nodes, F)
 
 
 def draft_pass(target: Qwen3, drafter: Drafter, cache: KVCache, features, block_ids, *,
-               reads=masked, context_positions, context_slots, block_positions):
+               reads=EAGER_READS, context_positions, context_slots, block_positions):
     """The drafter's logits (block - 1, vocab) for the block [last token, MASK, ...] (1, block),
-    after the context `features` (1, ctx, F) not yet in `cache`, in one pass."""
-    chunk = features.shape[1] + block_ids.shape[1]
-    # Eagerly the block reads exactly the cached context, the new context and itself: all of it.
-    mask = cached_block_mask(cache, chunk, block_positions) if cache.fixed_shape else None
+    after the context `features` (1, ctx, F) not yet in `cache`, in one pass: the block sees the
+    cached context, the new context and the whole block, up to its last position."""
+    keys = cache.keys_to_read(features.shape[1] + block_ids.shape[1])
     hidden = drafter(features, target.embed_tokens(block_ids), context_positions, block_positions,
-                     cache=cache, attend=reads(mask), context_slots=context_slots)
+                     cache=cache, attend=reads.attend(block_positions, keys, causal=False),
+                     context_slots=context_slots)
     return target.logits(hidden[0, 1:])  # (block - 1, vocab): one distribution per drafted slot
 
 
@@ -99,7 +110,7 @@ class ModelRunner:
     def __init__(self, target: Qwen3, drafter: Drafter | None = None, *, max_length: int,
                  block_size: int | None = None, tree_budget: int = 0, tree_top_k: int | None = None,
                  compile: bool = False, backend="inductor", mode: str | None = None,
-                 flex_attention: bool = False):
+                 flex_attention: bool = False, fixed_shape: bool = False):
         self.target, self.drafter, self.max_length = target, drafter, max_length
         self.block_size = block = block_size or default_block_size(drafter)
         self.tree_budget = tree_budget  # drafted nodes per tree (0: chains only)
@@ -124,13 +135,16 @@ class ModelRunner:
         self.node_tokens = ids(nodes)  # the token the target picks after each node
         self.node_features = weight.new_zeros(1, nodes, width)  # and its features there
         self.compiled = compile
-        self.reads = filled_blocks if flex_attention else masked  # compiled reads: flex_reads.py
+        # How the passes after the first draft read (`run_pass`): compiled passes need fixed shapes;
+        # `fixed_shape` asks for them eagerly too (tests check both read alike). None: eagerly.
+        self.reads = ((FLEX_READS if flex_attention else FIXED_READS) if compile or fixed_shape
+                      else None)
+        self.widest_chunk = 2 * block + tree_budget  # the most a pass writes: context + block
         if compile:
             for cache in self.caches():
                 for buffer in cache.keys + cache.values:  # never moved: CUDA graphs write into them
                     torch._dynamo.mark_static_address(buffer)
             self.shape = (block, tree_budget, max_length)  # what the passes' shapes follow
-            self.widest_chunk = 2 * block + tree_budget  # the most a pass writes: context + block
             self.compile_options = (backend, mode)
         self.built = True
 
@@ -145,22 +159,26 @@ class ModelRunner:
     def __delattr__(self, name: str) -> None:
         raise AttributeError(f"a ModelRunner's {name} cannot be deleted")
 
-    def caches(self) -> list[KVCache]:
-        return [cache for cache in (self.target_cache, self.drafter_cache) if cache is not None]
+    def caches(self) -> tuple[KVCache, ...]:
+        both = (self.target_cache, self.drafter_cache)
+        return both if self.drafter_cache is not None else both[:1]
 
-    def run(self, name: str, cache: KVCache, *args, eager: bool = False, **options):
-        """Pass `name` on `cache`: eagerly, or compiled for the slots the cache reads: the bucket
-        (`keys_bucket`) that holds the committed slots and the widest chunk. The slot count is a
-        shape, so each bucket has its own compiled copy; the cache reads it for this pass only."""
-        if eager or not self.compiled:
+    def run_pass(self, name: str, cache: KVCache, *args, eager: bool = False, **options):
+        """Pass `name` on `cache`; the one place that decides how many slots it reads, and under
+        which mask. Eagerly: the committed ones and its chunk (`EagerReads`). Else a fixed shape:
+        the bucket (`keys_bucket`) holding the committed slots and the widest chunk, under position
+        masks (`FixedReads`); the slot count is a shape, so compiled, each bucket has its own copy.
+        The cache reads the bucket for this pass only. `eager`: the first draft, whose context is
+        the whole prompt (any length)."""
+        if eager or self.reads is None:
             return PASSES[name](*args, **options)
         cache.read_limit = keys_bucket(cache.length + self.widest_chunk, cache.max_length)
-        cache.fixed_shape = True
         try:
-            copy = compiled_copy(PASSES[name], self.shape, cache.read_limit, *self.compile_options)
-            return copy(*args, reads=self.reads, **options)
+            run = (compiled_copy(PASSES[name], self.shape, cache.read_limit, *self.compile_options)
+                   if self.compiled else PASSES[name])
+            return run(*args, reads=self.reads, **options)
         finally:
-            cache.fixed_shape = False
+            cache.read_limit = None
 
     def prefill(self, prompt_ids: Sequence[int] | torch.Tensor, sampling: Sampling,
                 generator: torch.Generator | None,
@@ -172,7 +190,7 @@ class ModelRunner:
         prompt = torch.as_tensor(prompt_ids, device=self.block_offsets.device).view(1, -1)  # (1, n)
         hidden, features = self.target(prompt, cache=self.target_cache,
                                        capture_layers=self.layer_ids)
-        self.target_cache.extend(prompt.shape[1])
+        self.target_cache.commit(prompt.shape[1])
         logits = self.target.logits(hidden[0, -1])  # (vocab,)
         if first_token_choices is not None:
             logits = keep_only(logits, first_token_choices)
@@ -182,13 +200,13 @@ class ModelRunner:
         """The next token after `token`, which is written right after the committed ones."""
         self.token_ids[0, 0], cache = token, self.target_cache
         position = self.block_offsets[:1] + cache.length  # (1,)
-        logits = self.run("decode", cache, self.target, cache, self.token_ids, position)
+        logits = self.run_pass("decode", cache, self.target, cache, self.token_ids, position)
         return sample(logits[0], sampling, generator).item()
 
     def commit(self, kept: int) -> torch.Tensor:
         """Commit the verified block's first `kept` slots (last token, accepted drafts) to the
         target's cache. Their features (1, kept, F) are the next draft's context (`draft`)."""
-        self.target_cache.extend(kept)
+        self.target_cache.commit(kept)
         return self.features[:, :kept]
 
     # ------------------------------------------------------------------- chains
@@ -202,28 +220,32 @@ class ModelRunner:
         draft_probs = sampling.probs(logits[:sampled])  # (sampled, vocab)
         return torch.cat([draw(draft_probs, generator), argmax(logits[sampled:])]), draft_probs
 
-    def draft(self, features: torch.Tensor, last_token: int) -> torch.Tensor:
+    def draft(self, features: torch.Tensor, last_token: int, *, commit: bool = True
+              ) -> torch.Tensor:
         """The drafter's logits (block - 1, vocab) for [last_token, MASK, ...], `last_token` the
         newest committed. `features` (1, ctx, F) are the target's where the drafter has not looked
         yet (the prompt's, later the kept ones), committed to the drafter's cache. The block starts
         at the target's committed length, the context rows just before it: eagerly (and first after
         the prefill, any prompt length) the pass reads those rows; compiled, the whole features
-        buffer (one shape), parking rows past the context `block` slots on, masked until reused."""
+        buffer (one shape). Not `commit`: the context stays scratch (a calibration's repeats)."""
         cache, offsets, rows = self.drafter_cache, self.block_offsets, features.shape[1]
         start = self.target_cache.length  # of `last_token`: the block's first position
-        eager = not self.compiled or cache.length == 0
+        fixed = self.reads is not None and cache.length > 0  # an empty cache: the first draft
         context_slots = None  # eagerly, every row is context, written at its position
-        if not eager:
+        if fixed:
             features = self.features  # (1, block, F): `features` was its first `rows` rows
         context_positions = start - rows + torch.arange(features.shape[1], device=offsets.device)
-        if not eager:  # the rows past the context go `block` slots on
+        if fixed:  # parked: the rows past the context would land on the block's slots, so
+            # they go `block` slots on (the cache has `block` more), past what the block mask shows
             context_slots = context_positions + torch.where(offsets < rows, 0, len(offsets))
         self.block_ids[0, 0] = last_token
         self.block_ids[0, 1:] = self.mask_token_id
-        logits = self.run("draft", cache, self.target, self.drafter, cache, features,
-                          self.block_ids, context_positions=context_positions,
-                          context_slots=context_slots, block_positions=offsets + start, eager=eager)
-        cache.extend(rows)  # the context is kept; the block's slots were scratch
+        logits = self.run_pass("draft", cache, self.target, self.drafter, cache, features,
+                               self.block_ids, context_positions=context_positions,
+                               context_slots=context_slots, block_positions=offsets + start,
+                               eager=not fixed)
+        if commit:
+            cache.commit(rows)  # the context is kept; the block's slots were scratch
         return logits
 
     def verify(self, drafts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -232,8 +254,9 @@ class ModelRunner:
         n = len(drafts) + 1
         self.block_ids[0, 1:n] = drafts
         positions = self.block_offsets[:n] + self.target_cache.length  # (n,)
-        logits, features = self.run("verify", self.target_cache, self.target, self.target_cache,
-                                    self.block_ids[:, :n], positions, self.layer_ids)
+        cache = self.target_cache
+        logits, features = self.run_pass("verify", cache, self.target, cache,
+                                         self.block_ids[:, :n], positions, self.layer_ids)
         return self.target_tokens[:n].copy_(argmax(logits)), self.features[:, :n].copy_(features)
 
     def verify_sampled(self, drafts: torch.Tensor, draft_probs: torch.Tensor | None,
@@ -243,8 +266,9 @@ class ModelRunner:
         a draft is kept where it equals it; the committed tokens follow the target's law."""
         self.block_ids[0, 1:] = drafts
         positions = self.block_offsets + self.target_cache.length  # (block,)
-        logits, features = self.run("verify", self.target_cache, self.target, self.target_cache,
-                                    self.block_ids, positions, self.layer_ids)
+        cache = self.target_cache
+        logits, features = self.run_pass("verify", cache, self.target, cache, self.block_ids,
+                                         positions, self.layer_ids)
         target_tokens = verdicts(sampling.probs(logits), drafts, draft_probs, generator)
         return self.target_tokens.copy_(target_tokens), self.features.copy_(features)
 
@@ -264,9 +288,9 @@ class ModelRunner:
         tokens, its ancestors and itself (`verify_inputs`); `commit_path` then keeps the path."""
         tokens, depths, tree_mask = verify_inputs(tree, self.tree_budget, self.node_offsets.device)
         start, cache = self.target_cache.length, self.target_cache
-        logits, features = self.run("verify_tree", cache, self.target, cache, tokens[None],
-                                    depths + start, slots=self.node_offsets + start,
-                                    tree_mask=tree_mask, layer_ids=self.layer_ids)
+        logits, features = self.run_pass("verify_tree", cache, self.target, cache, tokens[None],
+                                         depths + start, slots=self.node_offsets + start,
+                                         tree_mask=tree_mask, layer_ids=self.layer_ids)
         self.node_features.copy_(features)
         return self.node_tokens.copy_(sample(logits, sampling, generator))
 
@@ -275,7 +299,7 @@ class ModelRunner:
         the committed ones. Its features (1, path, F) are the next draft's context."""
         start, nodes = self.target_cache.length, self.node_offsets.new_tensor(path)
         self.target_cache.compact(self.node_offsets.new_tensor(path_slots(path, start)), start)
-        self.target_cache.extend(len(path))
+        self.target_cache.commit(len(path))
         self.features[:, :len(path)] = self.node_features[:, nodes]  # (1, path, F)
         return self.features[:, :len(path)]
 
@@ -319,82 +343,90 @@ class GenerationBuilder:
                 began = time.perf_counter()
                 self.on_token(token, i < drafted)
                 result.callback_seconds += time.perf_counter() - began
-        # So far: the ids are on the host.
+        if self.done and self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the clock stops when the GPU's work is done
         result.seconds = time.perf_counter() - self.began - result.callback_seconds
         result.first_token_seconds = result.first_token_seconds or result.seconds
 
-    def finish(self) -> Generation:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)  # the clock stops when the GPU's work is done
-        self.result.seconds = time.perf_counter() - self.began - self.result.callback_seconds
-        return self.result
-
 
 def ready_runner(target: Qwen3, drafter: Drafter | None, prompt_ids: Sequence[int],
-                 max_new_tokens: int, *, runner: ModelRunner | None, block_size: int,
+                 max_new_tokens: int, *, runner: ModelRunner | None, block_size: int | None,
                  tree_budget: int = 0) -> ModelRunner:
-    """Check the request (`check_request`); return `runner`, or a new one sized for it."""
+    """A loop call's door. Given a runner, the request must fit it: the model's cheap checks and
+    the runner's sizes (its caches exist: no memory to probe). Else the whole request is checked
+    (`check_request`, the memory probed once) and a runner is built for it."""
+    if runner is None:
+        block_size = block_size or default_block_size(drafter)
+        check_request(target, drafter, prompt_ids, max_new_tokens, block_size=block_size,
+                      tree_budget=tree_budget)
+        slots = cache_slots(len(prompt_ids), max_new_tokens, block_size, tree_budget)
+        return ModelRunner(target, drafter, block_size=block_size, tree_budget=tree_budget,
+                           max_length=slots)
+    target.check_request(prompt_ids, max_new_tokens)
+    block_size = block_size or runner.block_size
     slots = cache_slots(len(prompt_ids), max_new_tokens, block_size, tree_budget)
-    check_request(target, drafter, prompt_ids, max_new_tokens, block_size=block_size,
-                  tree_budget=tree_budget)
-    runner = runner or ModelRunner(target, drafter, block_size=block_size, tree_budget=tree_budget,
-                                   max_length=slots)
-    sizes = (runner.block_size, runner.tree_budget)
-    if (block_size, tree_budget or runner.tree_budget) != sizes or slots > runner.max_length:
+    if (block_size, tree_budget or runner.tree_budget) != (runner.block_size, runner.tree_budget) \
+            or slots > runner.max_length:
         raise UsageError(f"block size {block_size}, tree budget {tree_budget} and {slots} cache "
                          f"slots do not fit the runner's {runner.block_size}, {runner.tree_budget} "
                          f"and {runner.max_length}")
     return runner
 
 
+def prefilled(runner: ModelRunner, prompt_ids: Sequence[int], output: GenerationBuilder,
+              sampling: Sampling, generator: torch.Generator | None,
+              first_token_choices: Sequence[int] | None) -> tuple[int, torch.Tensor]:
+    """Every loop's start: the prompt through the target (`ModelRunner.prefill`), its first new
+    token committed to `output` (not yet to the target's cache); that token and the features."""
+    first, features = runner.prefill(prompt_ids, sampling, generator, first_token_choices)
+    output.commit([first], step=False)
+    return first, features
+
+
 @torch.no_grad()
 def generate_autoregressive(target: Qwen3, prompt_ids: Sequence[int], max_new_tokens: int, *,
-                            temperature=0.0, sampling: Sampling | None = None,
-                            stop_ids: Sequence[int] = (), generator=None,
-                            on_token: OnToken | None = None, runner: ModelRunner | None = None,
+                            sampling: Sampling = GREEDY, stop_ids: Sequence[int] = (),
+                            generator=None, on_token: OnToken | None = None,
+                            runner: ModelRunner | None = None,
                             first_token_choices: Sequence[int] | None = None) -> Generation:
-    """The baseline: one target pass per new token. `sampling` (default: the plain softmax at
-    `temperature`) draws tokens; `first_token_choices` (token healing) limit the first."""
-    sampling, device = sampling or Sampling(temperature), target.embed_tokens.weight.device
-    runner = ready_runner(target, None, prompt_ids, max_new_tokens, runner=runner,
-                          block_size=runner.block_size if runner is not None else 1)
-    output = GenerationBuilder(max_new_tokens, stop_ids, on_token, device)
-    token, _ = runner.prefill(prompt_ids, sampling, generator, first_token_choices)
-    output.commit([token], step=False)  # committed, but not yet in the target's cache
+    """The baseline: one target pass per new token, drawn by `sampling` (default: greedy);
+    `first_token_choices` (token healing) limit the first."""
+    runner = ready_runner(target, None, prompt_ids, max_new_tokens, runner=runner, block_size=None)
+    output = GenerationBuilder(max_new_tokens, stop_ids, on_token, runner.block_offsets.device)
+    token, _ = prefilled(runner, prompt_ids, output, sampling, generator, first_token_choices)
     while not output.done:
         token_after = runner.decode(token, sampling, generator)  # the one host sync of the step
         runner.commit(1)  # `token`, now written in the cache
         token = token_after
         output.commit([token])
-    return output.finish()
+    return output.result
 
 
 @torch.no_grad()
 def generate_dflash(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int],
-                    max_new_tokens: int, *, block_size: int | None = None, temperature=0.0,
-                    sampling: Sampling | None = None, draft_policy: str = "greedy",
+                    max_new_tokens: int, *, sampling: Sampling = GREEDY,
+                    draft_policy: str = "greedy", block_size: int | None = None,
                     stop_ids: Sequence[int] = (), generator=None, on_token: OnToken | None = None,
                     runner: ModelRunner | None = None,
                     first_token_choices: Sequence[int] | None = None) -> Generation:
     """Speculative decoding: draft a block, verify it, keep the drafts that match the target's pick
     at their slot, then its own token after them: `generate_autoregressive`'s law (greedy: its
     output). `draft_policy`: drafts are argmax (`greedy`), drawn (`sampled`; `mixed:K`: first K)."""
-    sampling, device = sampling or Sampling(temperature), target.embed_tokens.weight.device
-    block_size = block_size or (runner.block_size if runner else default_block_size(drafter))
-    sampled, greedy = sampled_slots(draft_policy, block_size, sampling), sampling.greedy
     runner = ready_runner(target, drafter, prompt_ids, max_new_tokens, runner=runner,
                           block_size=block_size)
-    output = GenerationBuilder(max_new_tokens, stop_ids, on_token, device)
-    last, features = runner.prefill(prompt_ids, sampling, generator, first_token_choices)
-    output.commit([last], step=False)  # not yet in the target's cache; features: (1, n, F)
+    # drafts drawn from the drafter, at the block's first `sampled` slots: none for greedy drafts
+    sampled = 0 if draft_policy == "greedy" else sampled_slots(draft_policy, runner.block_size,
+                                                                sampling)
+    output = GenerationBuilder(max_new_tokens, stop_ids, on_token, runner.block_offsets.device)
+    last, features = prefilled(runner, prompt_ids, output, sampling, generator, first_token_choices)
     while not output.done:
         if sampled:  # (block - 1,) drafts, some drawn from the drafter's q (sampled, vocab)
             drafts, draft_probs = runner.draft_sampled(features, last, sampling, sampled, generator)
         else:  # the drafter's likeliest
             drafts, draft_probs = argmax(runner.draft(features, last)), None
         # (block,) tokens the target picks, (1, block, F) features
-        target_tokens, features = (runner.verify(drafts) if greedy else
-                                   runner.verify_sampled(drafts, draft_probs, sampling, generator))
+        target_tokens, features = (runner.verify_sampled(drafts, draft_probs, sampling, generator)
+                                   if sampling.temperature else runner.verify(drafts))
         both = torch.cat([drafts, target_tokens]).tolist()  # the one host sync of the step
         drafts, target_tokens = both[:len(drafts)], both[len(drafts):]
         accepted = 0  # drafts kept: those before the first the target disagrees with
@@ -403,73 +435,66 @@ def generate_dflash(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int],
         features = runner.commit(accepted + 1)  # `last` and the kept drafts; their features
         output.commit(target_tokens[:accepted + 1], drafted=accepted)  # drafts, then the target's
         last = target_tokens[accepted]  # the target's own token opens the next block
-    return output.finish()
+    return output.result
 
 
 @torch.no_grad()
 def generate_dflash_tree(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int],
-                         max_new_tokens: int, *, budget: int, block_size: int | None = None,
-                         temperature=0.0, sampling: Sampling | None = None,
-                         stop_ids: Sequence[int] = (), generator=None,
-                         on_token: OnToken | None = None, runner: ModelRunner | None = None,
+                         max_new_tokens: int, *, budget: int, sampling: Sampling = GREEDY,
+                         block_size: int | None = None, stop_ids: Sequence[int] = (),
+                         generator=None, on_token: OnToken | None = None,
+                         runner: ModelRunner | None = None,
                          first_token_choices: Sequence[int] | None = None):
     """Speculative decoding with a tree of the `budget` continuations the drafter finds likeliest,
     all checked in one pass (`dflash/tree.py`); the walk keeps the path the target agrees with,
     plus its token after it. Children are chosen, not sampled (that needs a multi-draft rule)."""
-    sampling, device = sampling or Sampling(temperature), target.embed_tokens.weight.device
-    block_size = block_size or (runner.block_size if runner else default_block_size(drafter))
     if budget < 1:
         raise UsageError(f"a tree needs a budget of at least 1 node, got {budget}")
     runner = ready_runner(target, drafter, prompt_ids, max_new_tokens, runner=runner,
                           block_size=block_size, tree_budget=budget)
-    output = GenerationBuilder(max_new_tokens, stop_ids, on_token, device)
-    last, features = runner.prefill(prompt_ids, sampling, generator, first_token_choices)
-    output.commit([last], step=False)  # features: (1, n, F)
+    output = GenerationBuilder(max_new_tokens, stop_ids, on_token, runner.block_offsets.device)
+    last, features = prefilled(runner, prompt_ids, output, sampling, generator, first_token_choices)
     while not output.done:
         logprobs, candidates = runner.draft_tree(features, last)
         tree = build_tree(last, logprobs.tolist(), candidates.tolist(), budget)  # host sync 1
         target_tokens = runner.verify_tree(tree, sampling, generator).tolist()  # 2: (budget + 1,)
         path = walk(tree, target_tokens)  # the accepted nodes, root first
-        kept = [target_tokens[node] for node in path]  # the accepted drafts, then the target's own
+        committed = [target_tokens[node] for node in path]  # the accepted drafts, then the target's
         features = runner.commit_path(path)  # the path's keys and values next to the committed
-        output.commit(kept, drafted=len(path) - 1)
-        last = kept[-1]
-    return output.finish()
+        output.commit(committed, drafted=len(path) - 1)
+        last = committed[-1]
+    return output.result
 
 
 # ------------------------------------------------------------------ the command line
 
 
-def run(args) -> int:
-    prompt = check_options(args)
-    checkpoint_folder(args.model, "model", UsageError)  # before its tokenizer is looked for
-    if not args.no_draft:
-        checkpoint_folder(args.draft, "drafter", UsageError)
-    device = pick_device(args.device)
-    compile = check_compile(args, device)
-    dtype = pick_dtype(args.dtype, device, args.model)
-    sampling, tokenizer = sampling_of(args, args.model), find_tokenizer(args.model)
-    check_filters(args, sampling)
-    prompt_ids, choices = encode_for_generation(prompt, tokenizer, args.chat, args.thinking,
-                                                args.token_healing)
-    target = Qwen3.from_pretrained(args.model, device=device, dtype=dtype)
-    drafter = None if args.no_draft else Drafter.from_pretrained(args.draft, target=target,
-                                                                 device=device, dtype=dtype)
+def generate_from_args(args) -> int:
+    """The command: the request read and checked before any load (`read_request`), the models
+    loaded, the request checked against them once, the loops warmed up, run and reported."""
+    request = read_request(args)
+    device, prompt_ids, tokenizer = request.device, request.prompt_ids, request.tokenizer
+    target = Qwen3.from_pretrained(args.model, device=device, dtype=request.dtype)
+    drafter = None if args.no_draft else Drafter.from_pretrained(
+        args.draft, target=target, device=device, dtype=request.dtype)
     stops = stop_token_ids(args.model, tokenizer)
     block_size = args.block_size or default_block_size(drafter)
     if block_size == "auto":  # from this machine's pass costs and the drafter's acceptance
         steps = functools.partial(generate_dflash, target, drafter, prompt_ids, 64, stop_ids=stops)
-        block_size = choose_block(ModelRunner, target, drafter, args.draft, compile=compile,
-                                  first_steps=steps)
+        block_size = choose_block(ModelRunner, target, drafter, args.draft,
+                                  compile=request.compile, first_steps=steps)
+    where = request.prompt.where
     check_request(target, drafter, prompt_ids, args.max_new_tokens, block_size=block_size,
-                  tree_budget=args.tree, where=prompt.where)  # before the runner allocates caches
-    check_no_mask_token(drafter, prompt_ids, prompt.where)
-    sampled_slots(args.draft_policy, block_size, sampling)  # refuses a bad policy before any work
+                  tree_budget=args.tree, where=where)  # before the runner allocates caches
+    check_no_mask_token(drafter, prompt_ids, where)
+    sampled_slots(args.draft_policy, block_size, request.sampling)  # a bad policy, before any work
     slots = cache_slots(len(prompt_ids), args.max_new_tokens, block_size, args.tree)
     runner = ModelRunner(target, drafter, block_size=block_size, tree_budget=args.tree,
-                         compile=compile, max_length=slots, flex_attention=args.flex_attention,
+                         compile=request.compile, max_length=slots,
+                         flex_attention=args.flex_attention,
                          mode="reduce-overhead" if device.type == "cuda" else None)
-    common = dict(sampling=sampling, stop_ids=stops, runner=runner, first_token_choices=choices)
+    common = dict(sampling=request.sampling, stop_ids=stops, runner=runner,
+                  first_token_choices=request.first_token_choices)
     loops = {}  # name -> the loop, given max_new_tokens and the rest
     if args.compare or drafter is None:
         loops["baseline"] = functools.partial(generate_autoregressive, target, prompt_ids, **common)
@@ -481,7 +506,8 @@ def run(args) -> int:
                                             draft_policy=args.draft_policy, **common)
     # An unmeasured run of each loop pays one-time costs (allocations, kernels, compiling, graphs);
     # compiled, to the limit without stopping: every `keys_bucket` the measured run reads compiles.
-    warm_tokens = args.max_new_tokens if compile else min(args.max_new_tokens, 2 * block_size + 2)
+    warm_tokens = (args.max_new_tokens if request.compile
+                   else min(args.max_new_tokens, 2 * block_size + 2))
     began = time.perf_counter()
     for loop in loops.values():
         loop(warm_tokens, generator=torch.Generator(device).manual_seed(args.seed), stop_ids=())
@@ -493,22 +519,12 @@ def run(args) -> int:
         results[name] = loop(args.max_new_tokens, on_token=printer,
                              generator=torch.Generator(device).manual_seed(args.seed))
         print("" if args.json else "\n", end="")
-    final, slow = list(results.values())[-1], results.get("baseline") if args.compare else None
-    if args.json:
-        text = tokenizer.decode(final.new_ids, skip_special_tokens=True) if tokenizer else ""
-        print(json.dumps(final.report(text, slow)))
-        return 0
-    print(f"[device {device}, {str(dtype).removeprefix('torch.')}, batch 1, compile "
-          f"{'on' if compile else 'off'}, {sampling}, warm-up {warm_up:.1f} s]", file=sys.stderr)
-    for name, result in results.items():
-        print(result.summary(name, block_size), file=sys.stderr)
-    if slow is not None:
-        print(f"speedup: {final.speedup_over(slow):.2f}x", file=sys.stderr)
+    print_report(args, request, results, block_size, warm_up)
     return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    return run_cli(build_parser(), run, argv)
+    return run_cli(build_parser(), generate_from_args, argv)
 
 
 if __name__ == "__main__":

@@ -63,7 +63,7 @@ def benchmark(loops: Loops, prompts: Sequence[BenchPrompt], block_sizes: Sequenc
     baselines, rows = {}, []
     for sampling in [Sampling(t, **f) for t in temperatures for f in (filter_sets if t > 0 else [{}])]:
         ceiling = oracle and sampling.greedy  # the oracle's truths: past the limit, any stop token, the largest block
-        truths = [loops.run("plain", None, p, 0.0, loops.max_new_tokens + max(block_sizes), stop=False).new_ids
+        truths = [loops.generate("plain", None, p, 0.0, loops.max_new_tokens + max(block_sizes), stop=False).new_ids
                   if ceiling else None for p in prompts]
         for kind, block_size, policy in ([("plain", None, "greedy")]
                                          + [("DFlash", b, policy) for b in block_sizes
@@ -87,7 +87,7 @@ def warm_up(loops: Loops, row: Row, sampling: Sampling, prompts: Sequence[BenchP
     began = time.perf_counter()
     by_length = sorted(prompts, key=lambda p: len(p.ids))
     for prompt in by_length[:1] + by_length[-1:]:
-        loops.run(row.kind, row.block_size, prompt, sampling, stop=False, policy=row.policy)
+        loops.generate(row.kind, row.block_size, prompt, sampling, stop=False, policy=row.policy)
     seconds = time.perf_counter() - began
     print(f"[bench]   warm-up {seconds:.1f} s", file=sys.stderr)
     return seconds

@@ -62,7 +62,7 @@ from dflash import fast_cpu
 from dflash.cli import OneLineErrors, UsageError, checked
 from dflash.cli import CORES, positive_int, run_cli, seed, thread_count
 from dflash.block_choice import acceptance_for, best_block, fit_line, geometric
-from dflash.block_choice import tokens_per_step
+from dflash.block_choice import expected_tau
 from dflash.drafter import Drafter, DrafterConfig, default_target_layer_ids
 from dflash.measure import Wrapped, certain_logits
 from dflash.qwen3 import Qwen3, Qwen3Config
@@ -327,7 +327,7 @@ def block_sweep(costs: dict, p: float, fitted: bool = False) -> dict[int, float]
 
     blocks = range(2, max(costs["verify_ms"]) + 1) if fitted else costs["verify_ms"]
     step_ms = {n: cost("draft", n) + cost("verify", n) for n in blocks}
-    return {n: tokens_per_step(geometric(p, n), n) * costs["decode_ms"] / ms
+    return {n: expected_tau(geometric(p, n), n) * costs["decode_ms"] / ms
             for n, ms in step_ms.items()}
 
 

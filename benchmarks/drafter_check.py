@@ -21,7 +21,7 @@ With --engine-acceptance FILE, the per-position acceptance a serving engine repo
 as JSON, see ENGINE_SHAPES) is set beside the log's per-slot figures and what is served here,
 and the first position where the engine falls clearly below the log is named. The check also
 lists every field of the drafter's config.json that vLLM or SGLang would read otherwise than
-the drafter was trained (dflash/engine_fields.py).
+the drafter was trained (benchmarks/engine_fields.py).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ from bench_common import check_report_output, write_report
 from dflash.cli import (OneLineErrors, UsageError, add_device_options,
                         check_token_ids, int_list, pick_device, pick_dtype, positive_int, run_cli)
 from dflash.drafter import Drafter
-from dflash.engine_fields import engine_field_problems
+from engine_fields import engine_field_problems
 from dflash.prompts import (PROMPT_FORMAT, add_prompt_options, check_prompt_options,
                             encode_for_generation, read_prompts)
 from dflash.qwen3 import Qwen3
@@ -500,7 +500,7 @@ def print_report(report: Report) -> None:
     for name, score in report.scores.items():
         print(f"  {name:<24} {score.tau:6.2f}{'   <- fits' if name == report.fits else ''}")
     if report.engine_fields is not None:
-        print("serving config (dflash/engine_fields.py): " + (
+        print("serving config (benchmarks/engine_fields.py): " + (
             "every field vLLM and SGLang read is as they expect" if not report.engine_fields
             else f"{len(report.engine_fields)} field(s) vLLM or SGLang would read otherwise:"))
         for problem in report.engine_fields:

@@ -80,7 +80,7 @@ from bench_train import SHAPES as TRAIN_SHAPES, VOCAB, projected_peak_bytes
 from dflash.cli import (HelpWithDefaults, OneLineErrors, UsageError,
                         check_output, checked, non_negative, positive_int, run_cli)
 from dflash.drafter import Drafter, DrafterConfig, default_target_layer_ids
-from dflash.flex_reads import filled_blocks
+from dflash.compiled import FIXED_READS, FLEX_READS
 from dflash.measure import Timed
 from dflash.qwen3 import KVCache, Qwen3, Qwen3Config
 from dflash.train_kernels import AnchoredBlocks
@@ -519,16 +519,14 @@ def section_flex_reads(check: Check) -> dict:
 def section_sdpa(check: Check) -> dict:
     """Each loop (plain, chain, tree) run eagerly for a few steps at the largest shape, every
     attention call recorded with the kernel torch picks: once reading the committed slots
-    (eager), once the whole buffer under a position mask (the reads of compiled passes)."""
+    (eager), once a bucket of slots under a position mask (the reads of compiled passes)."""
     name, shape = check.largest
     target, drafter = check.pair(name, shape)
     prompt = random_prompt(check.context, VOCAB)
     tables = {}
     for reads in ("eager", "fixed shape"):
         runner = ModelRunner(target, drafter, max_length=check.context + 3 * BLOCK,
-                             block_size=BLOCK, tree_budget=BLOCK)
-        for cache in runner.caches():
-            cache.fixed_shape = reads == "fixed shape"  # read_limit stays the whole buffer
+                             block_size=BLOCK, tree_budget=BLOCK, fixed_shape=reads == "fixed shape")
         calls = SdpaCalls()
         timed = Timed(runner, calls)  # the runner's passes, each inside `with calls(phase):`
         with calls:
@@ -617,24 +615,25 @@ class Filled:
         prompt = torch.randint(0, 1000, (1, context), device=device)  # (1, context)
         layer_ids = drafter.config.target_layer_ids
         _, features = target(prompt, cache=target_cache, capture_layers=layer_ids)
-        target_cache.extend(context)
+        target_cache.commit(context)
         positions = torch.arange(context, device=device)
         draft_pass(target, drafter, drafter_cache, features, prompt[:, :BLOCK],
                    context_positions=positions, context_slots=positions,
                    block_positions=context + torch.arange(BLOCK, device=device))
-        drafter_cache.extend(context)
+        drafter_cache.commit(context)
         for cache in (target_cache, drafter_cache):
-            cache.fixed_shape = True  # the whole buffer under a position mask, as compiled passes
+            cache.read_limit = cache.max_length  # the whole buffer, under a position mask
         return cls(target, drafter, target_cache, drafter_cache, context)
 
-    def decode(self, decode=decode_pass, **reads):
+    def decode(self, decode=decode_pass, reads=FIXED_READS):
         token, position = self.ids(1), self.positions(1)
-        return lambda: decode(self.target, self.target_cache, token, position, **reads)
+        return lambda: decode(self.target, self.target_cache, token, position, reads=reads)
 
-    def verify(self, block: int, verify=verify_pass, **reads):
+    def verify(self, block: int, verify=verify_pass, reads=FIXED_READS):
         ids, positions = self.ids(block), self.positions(block)
         layer_ids = self.drafter.config.target_layer_ids
-        return lambda: verify(self.target, self.target_cache, ids, positions, layer_ids, **reads)
+        return lambda: verify(self.target, self.target_cache, ids, positions, layer_ids,
+                              reads=reads)
 
     def draft(self):
         width = len(self.drafter.config.target_layer_ids) * self.target.config.hidden_size
@@ -643,7 +642,7 @@ class Filled:
         context = positions - BLOCK  # the last block's positions; the new block's are `positions`
         return lambda: draft_pass(self.target, self.drafter, self.drafter_cache, features, ids,
                                   context_positions=context, context_slots=context,
-                                  block_positions=positions)
+                                  block_positions=positions, reads=FIXED_READS)
 
     def ids(self, count: int) -> torch.Tensor:
         return torch.ones(1, count, dtype=torch.long, device=self.target_cache.keys[0].device)
@@ -701,10 +700,9 @@ def section_flex_costs(check: Check) -> dict:
     options = dict(backend=check.compile_backend, fullgraph=True, dynamic=False)
     decode, verify = torch.compile(decode_pass, **options), torch.compile(verify_pass, **options)
     costs = {}
-    for reads_name, reads in (("mask", {}), ("flex", dict(reads=filled_blocks))):
+    for reads_name, reads in (("mask", FIXED_READS), ("flex", FLEX_READS)):
         torch._dynamo.reset()  # `reads` is a new function: new graphs, not recompiles
-        jobs = {"decode": filled.decode(decode, **reads),
-                "verify 16": filled.verify(16, verify, **reads)}
+        jobs = {"decode": filled.decode(decode, reads), "verify 16": filled.verify(16, verify, reads)}
         for job, run in jobs.items():
             costs[f"{job}, {reads_name}"] = seconds_per_call(run, check.device, check.repeats)
     ratios = {job: costs[f"{job}, flex"] / costs[f"{job}, mask"] for job in ("decode", "verify 16")}

@@ -45,7 +45,7 @@ def runner_at(target: Qwen3, drafter: Drafter, tokens: int, context: int, compil
 
 def pass_calls(runner: generate.ModelRunner, tokens: int, context: int, label: str) -> dict[str, Callable]:
     """The verify and draft passes of a steady-state step (`step_passes`), named for `label`'s mode."""
-    return {f"{label} {name}": call for name, call in step_passes(runner, tokens, context).items()}
+    return {f"{label} {name}": call for name, call in step_passes(runner, tokens).items()}
 
 
 @torch.no_grad()

@@ -6,8 +6,8 @@ by the drafter's acceptance at each slot, the cost by the machine (on a GPU or a
 bf16 a 16-token verify costs nearly what a decode does; compiled on a CPU core, each token adds).
 So the best block is a property of the pair *and* the machine, and is worked out from both:
 
-    tokens per step (n)  = 1 + a1 + a1 a2 + ... + a1 ... a(n-1)     (a_k: slot k's acceptance)
-    predicted speed (n)  = tokens per step (n) / (draft(n) + verify(n))
+    expected tau (n)     = 1 + a1 + a1 a2 + ... + a1 ... a(n-1)     (a_k: slot k's acceptance)
+    predicted speed (n)  = expected tau (n) / (draft(n) + verify(n))
 
 The pass costs come from a short calibration through the runner the loops use (each pass's least
 time over many rounds, at a few blocks; lines fitted to them for the blocks between), cached per
@@ -34,7 +34,7 @@ from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
 from dflash.sampling import Sampling
 
-CALIBRATION_CONTEXT = 128  # committed tokens in the caches while the passes are timed
+CALIBRATION_LENGTH = 128  # committed tokens in the caches while the passes are timed
 LOG_NAME = "train_log.jsonl"  # train.py's, next to the drafter's weights
 SLOT_FIGURES = ("heldout_slot_accuracy", "slot_accuracy")  # per-slot figures in a log, best first
 
@@ -42,9 +42,9 @@ SLOT_FIGURES = ("heldout_slot_accuracy", "slot_accuracy")  # per-slot figures in
 # ------------------------------------------------------------------ the model of a step
 
 
-def tokens_per_step(acceptance: Sequence[float], block_size: int) -> float:
-    """Mean tokens a step of `block_size` adds: the target's token, then draft k when every draft up
-    to k is kept, which happens with probability a1 * ... * ak (a_k = acceptance[k - 1])."""
+def expected_tau(acceptance: Sequence[float], block_size: int) -> float:
+    """The mean acceptance length (tau) of steps of `block_size`: the target's token, then draft k
+    when every draft up to k is kept, with probability a1 * ... * ak (a_k = acceptance[k - 1])."""
     total, reach = 1.0, 1.0
     for rate in acceptance[:block_size - 1]:
         reach *= rate
@@ -58,14 +58,14 @@ def geometric(p: float, block_size: int) -> list[float]:
 
 
 def acceptance_for(tau: float, block_size: int) -> float:
-    """The per-slot p whose mean tokens per step is `tau` (1 <= tau <= block_size), by bisection:
+    """The per-slot p whose expected tau is `tau` (1 <= tau <= block_size), by bisection:
     the mean grows with p, from 1 at p = 0 to block_size at p = 1."""
     if tau >= block_size:
         return 1.0
     low, high = 0.0, 1.0
     for _ in range(60):
         middle = (low + high) / 2
-        low, high = ((middle, high) if tokens_per_step(geometric(middle, block_size), block_size)
+        low, high = ((middle, high) if expected_tau(geometric(middle, block_size), block_size)
                      < tau else (low, middle))
     return (low + high) / 2
 
@@ -84,7 +84,7 @@ def pass_ms(costs: dict, name: str, n: int) -> float:
 
 def predicted_speeds(costs: dict, acceptance: Sequence[float], blocks: Sequence[int]) -> dict:
     """Tokens per millisecond of each of `blocks`, from the pass costs (`pass_ms`)."""
-    return {n: tokens_per_step(acceptance, n) / (pass_ms(costs, "draft", n)
+    return {n: expected_tau(acceptance, n) / (pass_ms(costs, "draft", n)
                                                  + pass_ms(costs, "verify", n))
             for n in blocks}
 
@@ -137,7 +137,7 @@ def are_rates(rates) -> bool:
 
 def measured_acceptance(acceptance_lengths: Sequence[int], block_size: int) -> list[float]:
     """A per-slot acceptance for a drafter without a log, from steps run at `block_size`: the same
-    p at every slot, fitted to their mean tokens per step (a few steps cannot tell slots apart)."""
+    p at every slot, fitted to their tau (a few steps cannot tell slots apart)."""
     tau = sum(acceptance_lengths) / len(acceptance_lengths)
     return geometric(acceptance_for(tau, block_size), block_size)
 
@@ -145,32 +145,32 @@ def measured_acceptance(acceptance_lengths: Sequence[int], block_size: int) -> l
 # ------------------------------------------------------------------ the machine's pass costs
 
 
-def steady_runner(runner_class, target: Qwen3, drafter: Drafter, block_size: int, context: int,
+def steady_runner(runner_class, target: Qwen3, drafter: Drafter, block_size: int, length: int,
                   compile: bool):
-    """A runner for blocks of `block_size`, its caches holding a `context`-token prompt and its
-    first draft's context. `runner_class` is generate.py's ModelRunner (the package does not import
-    a script)."""
-    runner = runner_class(target, drafter, max_length=context + 64, block_size=block_size,
-                                compile=compile)
-    prompt = torch.randint(0, target.config.vocab_size - 2, (context,),
+    """A runner for blocks of `block_size` in the middle of a reply, through its own methods: the
+    target's cache holds `length` tokens, half the last block kept; the drafter's all but that
+    half, the next draft's new context. `runner_class` is generate.py's ModelRunner (the package
+    does not import a script)."""
+    kept = block_size // 2
+    runner = runner_class(target, drafter, max_length=length + 64, block_size=block_size,
+                          compile=compile)
+    prompt = torch.randint(0, target.config.vocab_size - 2, (length - kept,),
                            generator=torch.Generator().manual_seed(0))
     first, features = runner.prefill(prompt, Sampling(), None)
-    runner.draft(features, first)  # the drafter's cache takes the prompt
+    drafts = runner.draft(features, first).argmax(dim=-1)  # the drafter's cache takes the prompt
+    runner.verify(drafts)
+    runner.commit(kept)  # the target's cache holds `length` tokens
     return runner
 
 
-def step_passes(runner, block_size: int, context: int) -> dict[str, Callable[[], object]]:
-    """The verify and draft passes of a steady-state step (half the last block kept), each leaving
-    the caches as it found them, so that every call costs the same."""
+def step_passes(runner, block_size: int) -> dict[str, Callable[[], object]]:
+    """The verify and draft passes of a steady-state step (`steady_runner`), each committing
+    nothing, so that every call costs the same."""
     drafts = torch.arange(1, block_size, device=runner.block_offsets.device)  # (block - 1,)
     kept = block_size // 2  # the kept half of the last block: the next draft's new context
-    drafter_length = runner.drafter_cache.length = context - kept  # the half is not in it yet
-
-    def draft():
-        runner.draft(runner.features[:, :kept], 1)
-        runner.drafter_cache.length = drafter_length  # undo its commit
-
-    return {f"verify {block_size}": lambda: runner.verify(drafts), f"draft {block_size}": draft}
+    return {f"verify {block_size}": lambda: runner.verify(drafts),
+            f"draft {block_size}": lambda: runner.draft(runner.features[:, :kept], 1,
+                                                        commit=False)}
 
 
 def fit_line(points: Sequence[tuple[int, float]]) -> dict[str, float]:
@@ -194,8 +194,8 @@ def calibrate(runner_class, target: Qwen3, drafter: Drafter, blocks: Sequence[in
     device = target.embed_tokens.weight.device
     draft_ms, verify_ms = {}, {}
     for n in blocks:
-        runner = steady_runner(runner_class, target, drafter, n, CALIBRATION_CONTEXT, compile)
-        passes = step_passes(runner, n, CALIBRATION_CONTEXT)
+        runner = steady_runner(runner_class, target, drafter, n, CALIBRATION_LENGTH, compile)
+        passes = step_passes(runner, n)
         for job in passes.values():
             job()  # compiles, allocates
         best, total, done = dict.fromkeys(passes, float("inf")), 0.0, 0
@@ -255,7 +255,7 @@ def calibration_key(target: Qwen3, drafter: Drafter, compile: bool) -> str:
                        f"target {t.num_hidden_layers}x{t.hidden_size}/{t.intermediate_size} "
                        f"vocab {t.vocab_size}",
                        f"drafter {d.layers.num_hidden_layers} layers block {d.block_size}",
-                       f"context {CALIBRATION_CONTEXT}"])
+                       f"context {CALIBRATION_LENGTH}"])
 
 
 def cached_calibration(key: str, measure: Callable[[], dict],

@@ -16,9 +16,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-
-class CheckpointError(ValueError):
-    """A checkpoint this code cannot load. The message is one line a CLI can print."""
+from dflash.errors import CheckpointError
 
 
 # A side file (a cache, a log, a lock, an index, a manifest) is small; one larger than this is

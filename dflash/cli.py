@@ -13,12 +13,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from dflash.checkpoint import CheckpointError, read_json, read_jsonl
-from dflash.tokenizer import TokenizerError
-
-
-class UsageError(ValueError):
-    """Bad input: a request, a command line or a file it names. The message is one line."""
+from dflash.checkpoint import read_json, read_jsonl
+from dflash.errors import CheckpointError, TokenizerError, UsageError
 
 
 class OneLineErrors(argparse.ArgumentParser):

@@ -4,7 +4,8 @@
 `mode="reduce-overhead"` records each as a CUDA graph. A pass's shapes are fixed by the runner
 (block size, tree budget, buffer length), except the cache slots its attention reads: reading the
 whole buffer would be one shape, but every token of a block scores every key read. So the cache
-is read up to a bucket (`keys_bucket`), and each bucket gets its own compiled copy.
+is read up to a bucket (`keys_bucket`), and each bucket gets its own compiled copy, under a position
+mask hiding what the slots past each query hold (`FixedReads`).
 
 On a CPU, `FROZEN` compiles with inductor's `freezing`: the weights become the graph's constants,
 laid out once for the matmul library (dflash/fast_cpu.py measures what that pays).
@@ -17,6 +18,9 @@ import types
 from typing import Callable
 
 import torch
+
+from dflash.flex_reads import filled_blocks
+from dflash.qwen3 import Attend, causal_mask, masked
 
 
 FROZEN = "inductor-frozen"  # a backend name: inductor, the weights frozen into each graph
@@ -55,3 +59,22 @@ def keys_bucket(needed: int, max_length: int) -> int:
     decode; powers of two read at most twice the keys needed, in log2(max_length / 64) + 1 compiled
     copies."""
     return min(max_length, max(64, 1 << (needed - 1).bit_length()))
+
+
+class FixedReads:
+    """How a fixed-shape pass reads: the first `read_limit` slots, whatever the cache holds (the
+    runner sets the limit: a bucket), under a position mask hiding the slots past each query;
+    `under` is `masked` (SDPA) or `filled_blocks` (FlexAttention, flex_reads.py). The eager form
+    is generate.py's `EagerReads`."""
+
+    def __init__(self, under: Callable[[torch.Tensor], Attend]):
+        self.under = under
+
+    def attend(self, positions: torch.Tensor, keys: int, *, causal: bool) -> Attend:
+        """A chunk at `positions` (n,): each query sees up to itself (`causal`), or every query
+        the whole chunk, up to its last position."""
+        last = positions if causal else positions[-1:]  # (n,) or (1,): the last position each sees
+        return self.under(causal_mask(last, keys))
+
+
+FIXED_READS, FLEX_READS = FixedReads(masked), FixedReads(filled_blocks)

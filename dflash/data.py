@@ -63,7 +63,7 @@ def generate_batch(target: Qwen3, prompts: list[list[int]], max_new_tokens: int,
     cache = target.new_cache(total, batch)
     hidden, _ = target(ids, cache=cache, key_padding=key_padding)  # (batch, longest, hidden)
     logits = target.logits(hidden[:, -1])  # (batch, vocab)
-    cache.extend(longest)  # the prompts are committed
+    cache.commit(longest)  # the prompts are committed
     if first_token_choices is not None:  # token healing, the first step only
         logits = torch.stack([row if allowed is None else keep_only(row, allowed)
                               for row, allowed in zip(logits, first_token_choices)])  # (batch, V)
@@ -80,7 +80,7 @@ def generate_batch(target: Qwen3, prompts: list[list[int]], max_new_tokens: int,
         hidden, _ = target(tokens[:, None], positions=torch.tensor([position], device=device),
                            cache=cache, key_padding=key_padding)  # (batch, 1, hidden)
         logits = target.logits(hidden[:, -1])  # (batch, vocab)
-        cache.extend(1)
+        cache.commit(1)
     return answers
 
 

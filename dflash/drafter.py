@@ -15,7 +15,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from dflash import checkpoint
-from dflash.checkpoint import CheckpointError
+from dflash.errors import CheckpointError
 from dflash.qwen3 import (Attend, DecoderLayer, KVCache, Qwen3, Qwen3Config, RMSNorm, Rope,
                           RotaryEmbedding, masked)
 
@@ -98,10 +98,9 @@ class Drafter(nn.Module):
         # ([batch,] ctx): the context's positions, batched as the block's
         context_positions = context_positions.expand(*block_positions.shape[:-1], -1)
         positions = torch.cat([context_positions, block_positions], dim=-1)  # ([batch,] ctx + B)
-        if attend is None:  # a fixed-shape read holds slots past the block: the mask hides them
-            fixed = cache is not None and cache.fixed_shape
-            attend = masked(cached_block_mask(cache, positions.shape[-1], block_positions)
-                            if fixed else None)
+        if attend is None:  # a cache may be read past the block (`read_limit`): the mask hides that
+            attend = masked(None if cache is None else
+                            cached_block_mask(cache, positions.shape[-1], block_positions))
         # (ctx + B,): where the context and the block are written
         slots = positions if context_slots is None else torch.cat([context_slots, block_positions])
         rope = self.rotary(positions, block_embeddings.dtype)  # cos, sin: ([batch, 1,] ctx + B, hd)

@@ -22,7 +22,7 @@ from dflash.data import encode_prompts, generate_batch
 from dflash.drafter import Drafter, DrafterConfig
 from dflash.prompts import check_no_mask_token, check_request
 from dflash.qwen3 import Qwen3, argmax
-from dflash.results import acceptance_histogram
+from dflash.results import acceptance_histogram, slot_acceptance
 from dflash.training import Distributed
 
 
@@ -112,8 +112,7 @@ def served_figures(histogram: Sequence[float]) -> dict:
     """tau and, per draft slot k = 1..B-1, how often slot k was kept once reached (what a serving
     engine reports per position), from how many steps committed 1, 2, ..., B tokens."""
     steps = sum(histogram)
-    reached = [sum(histogram[slot - 1:]) for slot in range(1, len(histogram))]  # length >= k
-    kept = [sum(histogram[slot:]) for slot in range(1, len(histogram))]  # length > k
     tokens = sum(length * count for length, count in enumerate(histogram, start=1))
     return {"eval_tau": round(tokens / steps, 4) if steps else None,
-            "eval_slot_acceptance": [round(k / r, 4) if r else None for k, r in zip(kept, reached)]}
+            "eval_slot_acceptance": [None if rate is None else round(rate, 4)
+                                     for rate in slot_acceptance(histogram)]}

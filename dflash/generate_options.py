@@ -1,18 +1,27 @@
 """generate.py's command line: its options, their examples, and the checks made before any load.
 
-Kept apart from generate.py, which a reader follows one DFlash step through: `run` there reads the
-options parsed here and calls the loops.
+Kept apart from generate.py, which a reader follows one DFlash step through: its command reads the
+request checked here (`read_request`), calls the loops and reports them here (`print_report`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from dflash.cli import (OneLineErrors, UsageError, add_device_options, checked, int_list,
-                        positive_int, seed)
-from dflash.prompts import Prompt, add_prompt_options, check_prompt_options
-from dflash.sampling import GREEDY_BELOW, Sampling, add_sampling_options
+import torch
+
+from dflash.checkpoint import checkpoint_folder
+from dflash.cli import (OneLineErrors, add_device_options, checked, int_list, pick_device,
+                        pick_dtype, positive_int, seed)
+from dflash.errors import UsageError
+from dflash.prompts import Prompt, add_prompt_options, check_prompt_options, encode_for_generation
+from dflash.results import Generation
+from dflash.sampling import GREEDY_BELOW, Sampling, add_sampling_options, sampling_of
+from dflash.tokenizer import Tokenizer, find_tokenizer
 
 WEIGHTS = Path(__file__).resolve().parents[1] / "weights"  # the demo pair and its problem sets
 
@@ -22,8 +31,8 @@ examples:
   python generate.py --prompt "Mia has 14 apples. She buys 9 more. How many apples are there now?"
   python generate.py --prompt "Leo buys 3 pens that cost 4 dollars each. He pays with 20 dollars. \
 How much change does Leo get?" --compare --tree 16
-  python generate.py --prompt "Tom has 7 cards. Ana has twice as many cards as Tom. How many cards \
-does Ana have?" --sample-from-config --draft-policy mixed:2
+  python generate.py --prompt "Tom had 30 marbles. He gave away 12. How many marbles does Tom have \
+left?" --sample-from-config --draft-policy mixed:2
   python generate.py --prompt-ids 1,2,3 --model tests/fixtures/qwen3-tiny-sharded --draft \
 tests/fixtures/dflash-tiny --json
   python generate.py --prompt "Sam reads 12 pages a day. How many pages does he read in 5 days?" \
@@ -46,15 +55,19 @@ def build_parser() -> argparse.ArgumentParser:
     either.add_argument("--prompt-ids", type=int_list,
                         help="the prompt as token ids, e.g. 1,2,3 (needs no tokenizer)")
     p.add_argument("--model", type=Path, default=WEIGHTS / "tiny-qwen3",
-                   help="target checkpoint folder")
+                   help="target checkpoint folder (default: weights/tiny-qwen3, the demo target)")
     p.add_argument("--draft", type=Path, default=WEIGHTS / "tiny-qwen3-dflash",
-                   help="drafter checkpoint folder")
+                   help="drafter checkpoint folder (default: weights/tiny-qwen3-dflash, the demo "
+                   "drafter)")
     p.add_argument("--no-draft", action="store_true", help="plain autoregressive decoding only")
     p.add_argument("--compare", action="store_true",
                    help="run the baseline, then DFlash, and report the speedup")
-    p.add_argument("--max-new-tokens", type=positive_int, default=128)
+    p.add_argument("--max-new-tokens", type=positive_int, default=128,
+                   help="stop after this many new tokens, unless a stop token comes first "
+                   "(default 128)")
     add_sampling_options(p)
-    p.add_argument("--seed", type=seed, default=0)
+    p.add_argument("--seed", type=seed, default=0,
+                   help="seeds the sampling's random draws (default 0)")
     p.add_argument("--block-size", type=block_size_option, metavar="N|auto",
                    help="tokens per draft block (2..the drafter's; default the drafter's); auto: "
                    "the block this machine runs fastest, from a calibration of its pass costs "
@@ -121,9 +134,59 @@ def check_options(args) -> Prompt:
         raise UsageError("--flex-attention reads the caches in compiled passes only, which "
                          "--no-compile turns off: give one of them")
     check_prompt_options(args, ids_given=args.prompt_ids is not None)
-    if not args.sample_from_config:  # else once the file is read (generate.run)
+    if not args.sample_from_config:  # else once the file is read (`read_request`)
         check_filters(args, Sampling(args.temperature or 0.0))
     return (Prompt("--prompt", text=args.prompt) if args.prompt_ids is None
             else Prompt("--prompt-ids", ids=args.prompt_ids))
 
 
+
+
+@dataclass
+class Request:
+    """What the command line asks for, checked before any model loads."""
+
+    prompt: Prompt
+    prompt_ids: list[int]
+    first_token_choices: list[int] | None  # token healing's, or None
+    sampling: Sampling
+    tokenizer: Tokenizer | None
+    device: torch.device
+    dtype: torch.dtype
+    compile: bool
+
+
+def read_request(args) -> Request:
+    """The request the options give, every check that needs no model made: the options, the
+    checkpoint folders, the device, the sampling and the prompt's encoding."""
+    prompt = check_options(args)
+    checkpoint_folder(args.model, "model", UsageError)  # before its tokenizer is looked for
+    if not args.no_draft:
+        checkpoint_folder(args.draft, "drafter", UsageError)
+    device = pick_device(args.device)
+    compile = check_compile(args, device)
+    dtype = pick_dtype(args.dtype, device, args.model)
+    sampling, tokenizer = sampling_of(args, args.model), find_tokenizer(args.model)
+    check_filters(args, sampling)
+    prompt_ids, choices = encode_for_generation(prompt, tokenizer, args.chat, args.thinking,
+                                                args.token_healing)
+    return Request(prompt, prompt_ids, choices, sampling, tokenizer, device, dtype, compile)
+
+
+def print_report(args, request: Request, results: dict[str, Generation], block_size: int,
+                 warm_up: float) -> None:
+    """The runs' report: one JSON object (--json) on standard output, else lines on standard
+    error, one per loop, and the speedup with --compare."""
+    final, slow = list(results.values())[-1], results.get("baseline") if args.compare else None
+    if args.json:
+        tokenizer = request.tokenizer
+        text = tokenizer.decode(final.new_ids, skip_special_tokens=True) if tokenizer else ""
+        print(json.dumps(final.report(text, slow)))
+        return
+    print(f"[device {request.device}, {str(request.dtype).removeprefix('torch.')}, batch 1, "
+          f"compile {'on' if request.compile else 'off'}, {request.sampling}, warm-up "
+          f"{warm_up:.1f} s]", file=sys.stderr)
+    for name, result in results.items():
+        print(result.summary(name, block_size), file=sys.stderr)
+    if slow is not None:
+        print(f"speedup: {final.speedup_over(slow):.2f}x{final.too_short_note()}", file=sys.stderr)

@@ -206,9 +206,10 @@ class Loops:
             self.runners[kind, block_size] = Oracle(runner) if kind == "oracle" else runner
         return self.runners[kind, block_size]
 
-    def run(self, kind: str, block_size: int | None, prompt: BenchPrompt,
-            temperature: float | Sampling, max_new_tokens: int | None = None, *, stop: bool = True,
-            policy: str = "greedy", clock: PhaseClock | None = None) -> Generation:
+    def generate(self, kind: str, block_size: int | None, prompt: BenchPrompt,
+                 temperature: float | Sampling, max_new_tokens: int | None = None, *,
+                 stop: bool = True, policy: str = "greedy",
+                 clock: PhaseClock | None = None) -> Generation:
         """One call of a loop, with the seed, limit and first-token choices of every other; its
         phases timed by `clock`, if given."""
         runner, device = self.runner(kind, block_size), self.target.embed_tokens.weight.device
@@ -233,10 +234,10 @@ class Loops:
         device = self.target.embed_tokens.weight.device
         if kind == "oracle":  # the wrapper's truth: the runner itself is not changed
             self.runner(kind, block_size).truth = torch.tensor(prompt.ids + truth, device=device)
-        result = self.run(kind, block_size, prompt, temperature, policy=policy)
+        result = self.generate(kind, block_size, prompt, temperature, policy=policy)
         phases = ["decode"] if kind == "plain" else ["draft", "verify"]
         clock = PhaseClock(device, phases)
-        timed = self.run(kind, block_size, prompt, temperature, policy=policy, clock=clock)
+        timed = self.generate(kind, block_size, prompt, temperature, policy=policy, clock=clock)
         correct = (final_number(self.decode(result.new_ids)) == prompt.answer
                    if prompt.answer and self.decode else None)
         return Run(result, timed, clock.seconds, clock.calls, correct)

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Sequence
 
 from dflash.checkpoint import check_memory, is_integer
-from dflash.cli import UsageError, check_token_ids, jsonl_records
+from dflash.cli import jsonl_records
+from dflash.errors import UsageError
 from dflash.tokenizer import Tokenizer
 
 
@@ -140,20 +141,11 @@ def encode_prompt(prompt: Prompt, tokenizer: Tokenizer | None, chat: bool | None
 
 def check_request(target, drafter, prompt_ids: Sequence[int], max_new_tokens: int, *,
                   block_size: int, tree_budget: int = 0, where: str = "prompt") -> None:
-    """Refuse, in one line naming the problem, what a Qwen3 `target` and its drafter (or None) cannot serve:
-    called before any cache is allocated, by the loops and, for every prompt at once, by the programs."""
+    """Refuse, in one line naming the problem, what a Qwen3 `target` and its drafter (or None) cannot serve: the
+    door of a request, before any cache is allocated (the memory is probed here, once), by the programs for every
+    prompt at once and by a loop building its own runner."""
+    target.check_request(prompt_ids, max_new_tokens, where)  # what every loop call checks too
     n, limit = len(prompt_ids), target.config.max_position_embeddings
-    if not prompt_ids:
-        raise UsageError(f"{where}: the prompt is empty")
-    if n >= limit:
-        raise UsageError(f"{where}: the prompt's {n} tokens leave no room for new ones in the model's "
-                         f"max_position_embeddings ({limit})")
-    if max_new_tokens <= 0:
-        raise UsageError(f"max_new_tokens must be positive, got {max_new_tokens}")
-    if max_new_tokens > limit - n:
-        raise UsageError(f"{where}: the prompt's {n} tokens and max_new_tokens {max_new_tokens} exceed the model's "
-                         f"max_position_embeddings ({limit}): at most {limit - n} new tokens fit")
-    check_token_ids(prompt_ids, target.config.vocab_size, where)
     if drafter is None:
         return
     if not 2 <= block_size <= drafter.config.block_size:

@@ -16,6 +16,7 @@ from torch import nn
 from torch.nn.attention.bias import causal_lower_right
 
 from dflash import checkpoint
+from dflash.errors import UsageError
 
 
 @dataclass
@@ -196,18 +197,18 @@ class DecoderLayer(nn.Module):
 class KVCache:
     """Preallocated keys and values, one pair of tensors per layer, written by position.
     Slots 0..length-1 hold the committed sequence. A pass writes its chunk right after them; the
-    caller commits what it keeps (`extend`) or cuts the rejected tail (`trim`), overwritten before
-    anything reads it. A compiled pass needs one shape: a runner sets `fixed_shape` for it, to read
-    the first `read_limit` slots (all, or a bucket: `dflash.compiled.keys_bucket`) under a position
-    mask hiding every slot past the query. An eager pass reads what it needs."""
+    caller commits what it keeps (`commit`) or cuts the rejected tail (`trim`), overwritten before
+    anything reads it. A pass reads the committed slots and its chunk, unless its caller fixes how
+    many (`read_limit`: a compiled pass needs one shape, so reads a bucket of slots under a position
+    mask hiding every slot past the query, `ModelRunner.run_pass`)."""
 
     def __init__(self, num_layers: int, batch: int, num_kv_heads: int, max_length: int,
                  head_dim: int, *, device=None, dtype=torch.float32):
         shape = (batch, num_kv_heads, max_length, head_dim)
         self.keys = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, device=device, dtype=dtype) for _ in range(num_layers)]
-        self.max_length, self.length, self.fixed_shape = max_length, 0, False
-        self.read_limit = max_length  # what a fixed-shape pass reads; a runner sets it per bucket
+        self.max_length, self.length = max_length, 0
+        self.read_limit: int | None = None  # the slots a pass reads, when its caller fixes them
 
     @classmethod
     def for_layers(cls, config: Qwen3Config, like: torch.Tensor, max_length: int,
@@ -218,8 +219,8 @@ class KVCache:
 
     def keys_to_read(self, chunk: int) -> int:
         """How many slots attention reads for `chunk` new positions: the committed ones and the
-        chunk, or with `fixed_shape` the first `read_limit` (the position mask hides the rest)."""
-        return self.read_limit if self.fixed_shape else self.length + chunk
+        chunk, or the `read_limit` the caller fixed (its position mask hides the rest)."""
+        return self.length + chunk if self.read_limit is None else self.read_limit
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """Store a chunk's k, v (batch, kv_heads, seq, head_dim) at `slots` (seq,), after the
@@ -236,7 +237,7 @@ class KVCache:
         for buffer in self.keys + self.values:
             buffer.index_copy_(2, destinations, buffer.index_select(2, sources))
 
-    def extend(self, count: int) -> None:
+    def commit(self, count: int) -> None:
         """Commit the `count` positions just written after the committed ones."""
         if self.length + count > self.max_length:
             raise ValueError(f"cannot commit {count} more positions to a cache of "
@@ -350,6 +351,29 @@ class Qwen3(nn.Module):
                     captured[slot] = x
         features = torch.cat(captured, dim=-1) if capture_layers else None
         return x, features  # (batch, seq, hidden), (batch, seq, n * hidden)
+
+    def check_request(self, prompt_ids: Sequence[int], max_new_tokens: int,
+                      where: str = "prompt") -> None:
+        """Refuse, in one line naming the problem, what this model cannot serve: an empty prompt,
+        an id it has no embedding for, more positions than it was built for. Cheap (no tensor, no
+        memory probe), so every loop call checks it."""
+        n, limit = len(prompt_ids), self.config.max_position_embeddings
+        vocab = self.config.vocab_size
+        if n == 0:
+            raise UsageError(f"{where}: the prompt is empty")
+        if n >= limit:
+            raise UsageError(f"{where}: the prompt's {n} tokens leave no room for new ones in the "
+                             f"model's max_position_embeddings ({limit})")
+        if max_new_tokens <= 0:
+            raise UsageError(f"max_new_tokens must be positive, got {max_new_tokens}")
+        if max_new_tokens > limit - n:
+            raise UsageError(f"{where}: the prompt's {n} tokens and max_new_tokens "
+                             f"{max_new_tokens} exceed the model's max_position_embeddings "
+                             f"({limit}): at most {limit - n} new tokens fit")
+        if min(prompt_ids) < 0 or max(prompt_ids) >= vocab:
+            outside = next(token for token in prompt_ids if not 0 <= token < vocab)
+            raise UsageError(f"{where}: token id {outside} is outside the vocabulary "
+                             f"(0..{vocab - 1})")
 
     def new_cache(self, max_length: int, batch: int = 1) -> KVCache:
         """A KV cache for `max_length` positions on this model's device and dtype."""

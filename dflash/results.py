@@ -9,6 +9,7 @@ from typing import Callable, Sequence
 import torch
 
 OnToken = Callable[[int, bool], None]  # (token id, came from an accepted draft)
+TIMED_TOKENS = 64  # below this many new tokens, a speed is too noisy to report as one
 
 
 def acceptance_histogram(acceptance_lengths: Sequence[int], block_size: int) -> list[int]:
@@ -16,11 +17,18 @@ def acceptance_histogram(acceptance_lengths: Sequence[int], block_size: int) -> 
     return [list(acceptance_lengths).count(accepted) for accepted in range(1, block_size + 1)]
 
 
-def per_position_acceptance(acceptance_lengths: Sequence[int], block_size: int) -> list[float | None]:
-    """For draft slots k = 1..B-1, how often slot k was kept once reached (a step of length L reaches k <= L)."""
-    reached = [sum(length >= slot for length in acceptance_lengths) for slot in range(1, block_size)]
-    kept = [sum(length > slot for length in acceptance_lengths) for slot in range(1, block_size)]
+def slot_acceptance(histogram: Sequence[float]) -> list[float | None]:
+    """Per draft slot k = 1..B-1, how often slot k was kept once reached, from how many steps committed 1, 2,
+    ..., B tokens (a step of L tokens reaches slot k when k <= L and keeps it when k < L). None: never
+    reached. The one place it is computed: the benchmarks' runs and training's held-out evaluation alike."""
+    reached = [sum(histogram[slot - 1:]) for slot in range(1, len(histogram))]  # length >= k
+    kept = [sum(histogram[slot:]) for slot in range(1, len(histogram))]  # length > k
     return [k / r if r else None for k, r in zip(kept, reached)]
+
+
+def per_position_acceptance(acceptance_lengths: Sequence[int], block_size: int) -> list[float | None]:
+    """`slot_acceptance` of the steps that committed `acceptance_lengths` tokens each."""
+    return slot_acceptance(acceptance_histogram(acceptance_lengths, block_size))
 
 
 @dataclass
@@ -43,11 +51,20 @@ class Generation:
         return acceptance_histogram(self.acceptance_lengths, block_size)
 
     def summary(self, name: str, block_size: int) -> str:
-        """The CLI's line for one loop: tokens and speed; for a speculative loop, its steps, tau and histogram."""
-        line = f"{name}: {self.new_tokens} new tokens in {self.seconds:.2f} s, {self.tokens_per_second:.1f} tokens/s"
-        return line if name == "baseline" else (f"{line}, {self.steps} steps, tau {self.mean_acceptance:.2f}"
-                                                f"{self.past_the_end_note()}, acceptance histogram (1..{block_size}) "
-                                                f"{self.histogram(block_size)}")
+        """The CLI's lines for one loop: tokens and speed; for a speculative loop, its steps, tau and, on
+        a line of its own, what its acceptance histogram counts."""
+        line = (f"{name}: {self.new_tokens} new tokens in {self.seconds:.2f} s, "
+                f"{self.tokens_per_second:.1f} tokens/s{self.too_short_note()}")
+        if name == "baseline":
+            return line
+        return (f"{line}, {self.steps} steps, tau {self.mean_acceptance:.2f}{self.past_the_end_note()}\n"
+                f"  acceptance histogram: of the {self.steps} steps, how many kept 1, 2, ..., {block_size} "
+                f"tokens: {self.histogram(block_size)}")
+
+    def too_short_note(self) -> str:
+        """A mark on a speed measured over too few tokens to mean one: a short answer's time is mostly
+        the prefill, the first steps and the clock's noise (the same run varies twofold)."""
+        return f" (too few tokens to time: {TIMED_TOKENS} or more)" if self.new_tokens < TIMED_TOKENS else ""
 
     def report(self, text: str, baseline: Generation | None = None) -> dict:
         """The CLI's --json object: the output, its acceptance and speed, and the plain loop's beside it if run."""
@@ -66,7 +83,8 @@ class Generation:
         """A note for tau when the last step accepted more than the output kept (it ran into the token limit or a
         stop token): tau counts that step whole, as the step happened, so it is above tokens per step."""
         cut = sum(self.acceptance_lengths) - (self.new_tokens - 1)  # the prefill's token is no step's
-        return f" (with {cut} accepted tokens past the end of the output)" if cut > 0 else ""
+        tokens = "token" if cut == 1 else "tokens"
+        return f" (with {cut} accepted {tokens} past the end of the output)" if cut > 0 else ""
 
 
 def synchronize(device: torch.device) -> None:

@@ -12,7 +12,8 @@ from typing import Sequence
 import torch
 
 from dflash.checkpoint import BOOLEAN, SIZE_LIMIT, check_fields, is_integer, is_number, read_json
-from dflash.cli import UsageError, non_negative
+from dflash.cli import non_negative
+from dflash.errors import UsageError
 from dflash.qwen3 import argmax
 
 
@@ -86,6 +87,9 @@ class Sampling:
             if ranks == probs.shape[-1] or not kept[..., -1].any():
                 return torch.zeros_like(probs).scatter_(-1, order, ranked.where(kept, 0.0))
             ranks = min(4 * ranks, probs.shape[-1])
+
+
+GREEDY = Sampling()  # the argmax: every loop's default
 
 
 def tempered_softmax(logits: torch.Tensor, temperature: float) -> torch.Tensor:

@@ -13,14 +13,11 @@ from typing import Iterable, Mapping, Sequence
 from tokenizers import Tokenizer as RawTokenizer
 
 from dflash.checkpoint import SIZE, check_regular_file, is_integer, read_json
+from dflash.errors import TokenizerError
 
 IM_START, IM_END, END_OF_TEXT = "<|im_start|>", "<|im_end|>", "<|endoftext|>"
 MASK = "<|mask|>"  # only in this project's demo tokenizer: the drafter's "blank" token
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
-
-
-class TokenizerError(ValueError):
-    """A tokenizer, or a conversation, this code cannot handle. The message is one line a CLI can print."""
 
 
 # Tried in this order: the plain file wins. Compressed, a test fixture holds Qwen3's 11 MB vocabulary in 1.4 MB.

@@ -15,7 +15,7 @@ from dflash import measure
 from dflash.results import Generation, acceptance_histogram, per_position_acceptance
 from dflash.measure import (BenchPrompt, Loops, Run, distinct_ngram_ratio, efficiency, ideal_speedup,
                             is_degenerate, loop_figures, summarize_row)
-from dflash.cli import UsageError
+from dflash.errors import UsageError
 from dflash.sampling import Sampling
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3

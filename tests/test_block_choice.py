@@ -25,17 +25,17 @@ def costs(draft: tuple[float, float], verify: tuple[float, float]) -> dict:
     return {"draft_fit_ms": line(draft), "verify_fit_ms": line(verify)}
 
 
-def test_tokens_per_step_by_hand():
+def test_expected_tau_by_hand():
     # slot 1 kept half the time; slot 2 half the time once slot 1 was; slot 3 always once reached
-    assert block_choice.tokens_per_step([0.5, 0.5, 1.0], 4) == 1 + 0.5 + 0.25 + 0.25
-    assert block_choice.tokens_per_step([0.5, 0.5, 1.0], 2) == 1.5
-    assert block_choice.tokens_per_step([0.0] * 15, 16) == 1.0
+    assert block_choice.expected_tau([0.5, 0.5, 1.0], 4) == 1 + 0.5 + 0.25 + 0.25
+    assert block_choice.expected_tau([0.5, 0.5, 1.0], 2) == 1.5
+    assert block_choice.expected_tau([0.0] * 15, 16) == 1.0
 
 
 @pytest.mark.parametrize("tau, block", [(6.55, 16), (1.0, 16), (16.0, 16), (2.5, 4)])
 def test_acceptance_for_gives_the_mean_asked(tau, block):
     p = block_choice.acceptance_for(tau, block)
-    assert block_choice.tokens_per_step(block_choice.geometric(p, block), block) == \
+    assert block_choice.expected_tau(block_choice.geometric(p, block), block) == \
         pytest.approx(tau, abs=1e-9)
 
 
@@ -78,7 +78,7 @@ def test_steps_without_a_log_give_one_rate_with_their_mean():
     lengths = [5, 16, 1, 7, 3]
     acceptance = block_choice.measured_acceptance(lengths, 16)
     assert len(acceptance) == 15 and len(set(acceptance)) == 1
-    assert block_choice.tokens_per_step(acceptance, 16) == pytest.approx(sum(lengths) / 5)
+    assert block_choice.expected_tau(acceptance, 16) == pytest.approx(sum(lengths) / 5)
 
 
 def kept_costs(value: float, blocks=(2, 4)) -> dict:
@@ -117,8 +117,9 @@ def test_calibration_times_each_block_and_leaves_the_caches_as_found():
     drafter = Drafter.from_pretrained(DRAFTER, target=target, dtype=torch.float32)
     runner = block_choice.steady_runner(generate.ModelRunner, target, drafter, 8, 40, False)
     lengths = lambda: (runner.target_cache.length, runner.drafter_cache.length)  # noqa: E731
-    passes = block_choice.step_passes(runner, 8, 40)
+    passes = block_choice.step_passes(runner, 8)
     before = lengths()
+    assert before == (40, 40 - 8 // 2)  # mid-reply: the drafter has yet to see the kept half
     for job in passes.values():
         job()
         assert lengths() == before

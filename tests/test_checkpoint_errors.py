@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dflash.checkpoint import CheckpointError
+from dflash.errors import CheckpointError
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
 

@@ -8,6 +8,7 @@ import torch
 
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
+from dflash.sampling import Sampling
 from generate import ModelRunner, generate_autoregressive, generate_dflash, generate_dflash_tree
 from tests.test_generate import oracle, prompt_of
 
@@ -82,10 +83,10 @@ def test_runners_share_compiled_passes_and_many_shapes_stay_under_the_recompile_
                                  backend=backend)
             for temperature in (0.0, 0.7):
                 generator = torch.Generator().manual_seed(0)
-                plain = generate_autoregressive(target, prompt, new, runner=runner, temperature=temperature,
+                plain = generate_autoregressive(target, prompt, new, runner=runner, sampling=Sampling(temperature),
                                                 generator=generator)
                 generator = torch.Generator().manual_seed(0)
-                fast = generate_dflash(target, drafter, prompt, new, runner=runner, temperature=temperature,
+                fast = generate_dflash(target, drafter, prompt, new, runner=runner, sampling=Sampling(temperature),
                                        generator=generator)
                 assert temperature > 0 or plain.new_ids == fast.new_ids == truth
             counts.append(backend.graphs)
@@ -129,7 +130,7 @@ def test_a_compiled_runner_reused_across_prompts_reads_what_each_prompt_needs(de
             reused = generate_dflash_tree(target, drafter, prompt, new, budget=budget, runner=runner)
             assert reused.new_ids == plain, length
         else:  # sampled drafts, same seed: the same draws as a fresh eager runner
-            runs = [generate_dflash(target, drafter, prompt, new, temperature=0.8, draft_policy="sampled",
+            runs = [generate_dflash(target, drafter, prompt, new, sampling=Sampling(0.8), draft_policy="sampled",
                                     generator=torch.Generator().manual_seed(length), runner=each)
                     for each in (runner, None)]
             assert runs[0].new_ids == runs[1].new_ids, length

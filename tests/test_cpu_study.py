@@ -16,7 +16,7 @@ torch.set_num_threads(1)
 def test_acceptance_for_gives_the_mean_asked(tau, block):
     p = cpu_study.acceptance_for(tau, block)
     assert 0.0 <= p <= 1.0
-    assert cpu_study.tokens_per_step(cpu_study.geometric(p, block), block) == pytest.approx(
+    assert cpu_study.expected_tau(cpu_study.geometric(p, block), block) == pytest.approx(
         tau, abs=1e-9)
 
 

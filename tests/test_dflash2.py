@@ -162,11 +162,11 @@ def test_batched_positions_and_a_cache_give_the_reference_too(pair):
     assert (hidden - ref["draft_hidden"]).abs().max() <= TOLERANCE
     cache = KVCache.for_layers(drafter.config.layers, drafter.fc.weight, 64, batch=2)
     drafter(ref["features"][:, :6], block, torch.arange(6), torch.arange(6, 14), cache=cache)
-    cache.extend(6)  # the first 6 context positions kept, the block forgotten
+    cache.commit(6)  # the first 6 context positions kept, the block forgotten
     hidden = drafter(ref["features"][:, 6:], block, torch.arange(6, 12), torch.arange(12, 20),
                      cache=cache)
     assert (hidden - ref["draft_hidden"]).abs().max() <= TOLERANCE
-    cache.fixed_shape = True  # a compiled pass reads all 64 slots; the mask hides the unwritten
+    cache.read_limit = 64  # all 64 slots, as a fixed-shape pass reads; the mask hides the unwritten
     hidden = drafter(ref["features"][:, 6:], block, torch.arange(6, 12), torch.arange(12, 20),
                      cache=cache)
     assert (hidden - ref["draft_hidden"]).abs().max() <= TOLERANCE

@@ -10,7 +10,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from dflash.drafter import Drafter, default_target_layer_ids
-from dflash.checkpoint import CheckpointError
+from dflash.errors import CheckpointError
 from dflash.qwen3 import KVCache, Qwen3
 from tests.reference import as_the_reference_was_made
 
@@ -58,7 +58,7 @@ def test_cached_context_gives_the_same_draft(pair):
     cache = KVCache.for_layers(drafter.config.layers, drafter.fc.weight, 64)
     first_block = block_positions - block_positions[0] + 6  # right after the first 6 context positions
     drafter(features[:, :6], block, context_positions[:6], first_block, cache=cache)
-    cache.extend(6)  # keep the context; the block's slots were scratch
+    cache.commit(6)  # keep the context; the block's slots were scratch
     hidden = drafter(features[:, 6:], block, context_positions[6:], block_positions, cache=cache)
     assert (hidden - ref["draft_hidden"]).abs().max() <= 1e-4
 

@@ -105,7 +105,7 @@ def test_the_command_line(tmp_path, capsys):
     assert drafter_check.main(argv) == 0
     out = capsys.readouterr().out
     assert "training log, step 1250" in out and "verdict: no convention error" in out
-    assert "serving config (dflash/engine_fields.py): every field vLLM and SGLang read" in out
+    assert "serving config (benchmarks/engine_fields.py): every field vLLM and SGLang read" in out
     assert "verdict (engine): no gap" in out
     report = json.loads((tmp_path / "report.json").read_text())
     assert report["engine_fields"] == [] and report["engine"]["parts_at"] is None

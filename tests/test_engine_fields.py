@@ -1,4 +1,4 @@
-"""dflash/engine_fields.py: the drafter configs we ship and export carry every field vLLM's and
+"""benchmarks/engine_fields.py: the drafter configs we ship and export carry every field vLLM's and
 SGLang's DFlash parsers read; a config with any one field removed or wrong is refused by name."""
 
 import copy
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import train
-from dflash.engine_fields import ENGINE_FIELDS, engine_field_problems
+from engine_fields import ENGINE_FIELDS, engine_field_problems
 from tests.test_train import TINY, train_argv, with_steps, write_data
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,6 +8,7 @@ from safetensors.torch import load_file
 
 from dflash.drafter import Drafter, DrafterConfig
 from dflash.qwen3 import Qwen3
+from dflash.sampling import Sampling
 from tests.reference import as_the_reference_was_made, logits_of
 from dflash.measure import Wrapped, certain_logits
 from generate import ModelRunner, argmax, decode_pass, generate_autoregressive, generate_dflash
@@ -171,7 +172,7 @@ def test_trimming_never_leaks_a_rejected_token(sharded_pair):
 @pytest.mark.parametrize("call", [
     lambda t, d: generate_dflash(t, d, [], 5),
     lambda t, d: generate_dflash(t, d, [1, 2], 0),
-    lambda t, d: generate_dflash(t, d, [1, 2], 5, temperature=-1),
+    lambda t, d: generate_dflash(t, d, [1, 2], 5, sampling=Sampling(-1)),
     lambda t, d: generate_dflash(t, d, [1, 2], 5, block_size=1),
     lambda t, d: generate_dflash(t, d, [1, 2], 5, block_size=9),
     lambda t, d: generate_dflash(t, d, [1, 10_000], 5),

@@ -19,6 +19,7 @@ from torch._inductor.exc import InductorError
 from dflash.drafter import Drafter
 from dflash.flex_reads import filled_blocks
 from dflash.qwen3 import Qwen3, masked
+from dflash.sampling import Sampling
 from generate import PASSES, ModelRunner, generate_autoregressive, generate_dflash, generate_dflash_tree
 from tests.test_generate import oracle, prompt_of
 
@@ -79,12 +80,12 @@ def test_compiled_passes_compute_the_eager_logits_and_features(pair, runners):
     positions = runner.block_offsets + runner.target_cache.length  # (block,)
     arguments = (target, runner.target_cache, block, positions, runner.layer_ids)
     eager_logits, eager_features = PASSES["verify"](*arguments)
-    logits, features = runner.run("verify", runner.target_cache, *arguments)
+    logits, features = runner.run_pass("verify", runner.target_cache, *arguments)
     torch.testing.assert_close(logits, eager_logits, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(features, eager_features, rtol=1e-4, atol=1e-4)
     token, position = block[:, :1], positions[:1]  # (1, 1), (1,)
     arguments = (target, runner.target_cache, token, position)
-    decode_logits = runner.run("decode", runner.target_cache, *arguments)
+    decode_logits = runner.run_pass("decode", runner.target_cache, *arguments)
     torch.testing.assert_close(decode_logits, PASSES["decode"](*arguments), rtol=1e-4, atol=1e-4)
 
 
@@ -97,7 +98,7 @@ def test_sampled_dflash_compiled_draws_the_eager_tokens(pair, runners, policy):
     runs = []
     for runner in (runners["chain"], ModelRunner(target, drafter, max_length=MAX_LENGTH)):
         generator = torch.Generator().manual_seed(3)
-        runs.append(generate_dflash(target, drafter, prompt, NEW, temperature=0.8, draft_policy=policy,
+        runs.append(generate_dflash(target, drafter, prompt, NEW, sampling=Sampling(0.8), draft_policy=policy,
                                     generator=generator, runner=runner))
     assert runs[0].new_ids == runs[1].new_ids
     assert runs[0].acceptance_lengths == runs[1].acceptance_lengths

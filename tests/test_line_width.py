@@ -11,7 +11,7 @@ CHECKED = ["generate.py", "train.py", "dflash/qwen3.py", "dflash/drafter.py", "d
            "dflash/measure.py", "dflash/compiled.py", "dflash/generate_options.py", "dflash/data.py",
            "dflash/evaluation.py", "dflash/train_config.py", "dflash/block_choice.py",
            "benchmarks/block_sweep.py", "benchmarks/verify_what_pays.py",
-           "benchmarks/busy_neighbour.py", "dflash/engine_fields.py",
+           "benchmarks/busy_neighbour.py", "benchmarks/engine_fields.py",
            "benchmarks/sweep_common.py"]
 
 

@@ -76,12 +76,12 @@ def test_greedy_continuation_matches_reference(model_and_reference):
     prompt, expected = ref["greedy_prompt"], ref["greedy_output"]
     cache = model.new_cache(expected.shape[1])
     logits = logits_of(model, prompt, cache=cache)
-    cache.extend(prompt.shape[1])
+    cache.commit(prompt.shape[1])
     tokens = prompt[0].tolist()
     while len(tokens) < expected.shape[1]:
         tokens.append(int(logits[0, -1].argmax()))
         logits = logits_of(model, torch.tensor([tokens[-1:]]), cache=cache)  # right after the committed tokens
-        cache.extend(1)
+        cache.commit(1)
     assert tokens == expected[0].tolist()
 
 
@@ -125,12 +125,12 @@ def test_incremental_decoding_matches_full_forward(model_and_reference, chunks, 
     ids = ref["input_ids"]
     full = logits_of(model, ids)
     cache = model.new_cache(32, batch=ids.shape[0])
-    cache.fixed_shape = fixed_shape  # read the whole buffer under the position mask, as compiled passes do
+    cache.read_limit = cache.max_length if fixed_shape else None  # the whole buffer, as compiled passes
     pieces = []
     for size in chunks:
         start = cache.length
         pieces.append(logits_of(model, ids[:, start:start + size], cache=cache))
-        cache.extend(size)
+        cache.commit(size)
     assert (torch.cat(pieces, dim=1) - full).abs().max() <= 1e-5
 
 
@@ -141,9 +141,9 @@ def continue_after_garbage(model, ids, garbage, fixed_shape: bool) -> float:
     """
     full = logits_of(model, ids)
     cache = model.new_cache(40)
-    cache.fixed_shape = fixed_shape
+    cache.read_limit = cache.max_length if fixed_shape else None
     model(ids[:, :12], cache=cache)
-    cache.extend(12)
+    cache.commit(12)
     for buffer in cache.keys + cache.values:
         tail = buffer[:, :, cache.length:]
         tail.copy_(garbage(tail.shape))
@@ -181,10 +181,10 @@ def test_trim_forgets_rejected_tokens(model_and_reference):
     full = logits_of(model, ids)
     cache = model.new_cache(40)
     model(ids[:, :12], cache=cache)
-    cache.extend(12)
+    cache.commit(12)
     wrong = torch.randint(0, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(0))
     model(wrong, cache=cache)
-    cache.extend(9)
+    cache.commit(9)
     cache.trim(12)  # O(1): the wrong keys are still in memory, but can no longer be seen
     rest = logits_of(model, ids[:, 12:], cache=cache)
     assert (rest - full[:, 12:]).abs().max() <= 1e-5
@@ -195,7 +195,7 @@ def test_trim_and_extend_move_a_length_only(model_and_reference):
     model, _ = model_and_reference
     cache = model.new_cache(16)
     buffers = [k.data_ptr() for k in cache.keys]
-    cache.extend(9)
+    cache.commit(9)
     cache.trim(7)
     assert cache.length == 7 and [k.data_ptr() for k in cache.keys] == buffers
     with pytest.raises(ValueError):
@@ -203,7 +203,7 @@ def test_trim_and_extend_move_a_length_only(model_and_reference):
     with pytest.raises(ValueError):
         cache.trim(8)  # past the 7 committed: it would commit slots never written
     with pytest.raises(ValueError):
-        cache.extend(10)
+        cache.commit(10)
 
 
 @torch.no_grad()

@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WEIGHTS = ROOT / "weights"
 MAX_FUNCTIONS = 26  # the project functions a greedy step calls (gpt-fast's: about 15, in 2 files)
 STEP_FILES = {"generate.py", "dflash/qwen3.py", "dflash/drafter.py"}
+MAX_CALL_FUNCTIONS, MAX_CALL_FILES = 40, 5  # one whole greedy call, its checks included (were 54, 8)
 torch.set_num_threads(1)
 
 
@@ -48,26 +49,34 @@ def is_project_file(path: str, root: Path = ROOT) -> bool:
     return not in_environment and not INSTALLED.intersection(folders)
 
 
-def functions_called_by_the_steps(
-    target, drafter, prompt: list[int], new: int
-) -> set[tuple[str, str]]:
-    """(file, function) of every project function the greedy DFlash steps call after the prefill
-    (from the first draft on), traced with a profile hook as `sys.setprofile` sees them."""
-    calls, runner = set(), ModelRunner(target, drafter, max_length=len(prompt) + new + 16)
-    stepping = []  # empty until the first step's draft
+def project_calls(call, starting_at: str | None = None) -> set[tuple[str, str]]:
+    """(file, function) of every project function `call()` calls, from the first call of the
+    function named `starting_at` on (None: from the start), traced with a profile hook as
+    `sys.setprofile` sees them."""
+    calls, started = set(), [starting_at is None]
 
     def hook(frame, event, arg):
         path, name = frame.f_code.co_filename, frame.f_code.co_qualname
-        stepping.extend([True] if not stepping and name == "ModelRunner.draft" else [])
-        if stepping and event == "call" and is_project_file(path):
+        started[0] = started[0] or name == starting_at
+        if started[0] and event == "call" and is_project_file(path):
             calls.add((Path(path).resolve().relative_to(ROOT).as_posix(), name))
 
     sys.setprofile(hook)
     try:
-        generate_dflash(target, drafter, prompt, new, runner=runner)
+        call()
     finally:
         sys.setprofile(None)
     return calls
+
+
+def functions_called_by_the_steps(
+    target, drafter, prompt: list[int], new: int
+) -> set[tuple[str, str]]:
+    """(file, function) of every project function the greedy DFlash steps call after the prefill
+    (from the first draft on)."""
+    runner = ModelRunner(target, drafter, max_length=len(prompt) + new + 16)
+    return project_calls(lambda: generate_dflash(target, drafter, prompt, new, runner=runner),
+                         starting_at="ModelRunner.draft")
 
 
 def test_only_the_clones_own_files_count_as_the_projects(tmp_path):
@@ -96,6 +105,22 @@ def test_a_greedy_step_calls_few_functions_in_three_files(demo_pair):
     print(f"{len(calls)} functions:\n{listing}")
     assert {path for path, _ in calls} == STEP_FILES, listing
     assert len(calls) <= MAX_FUNCTIONS, listing
+
+
+def test_a_whole_greedy_call_calls_few_functions_in_few_files(demo_pair):
+    """One whole call on a runner built for it (as generate.py's command builds one), the request's
+    checks included: they are cheap at the loop's door; the memory was probed when the caches were
+    sized (`check_request`), not again on every call."""
+    target, drafter = demo_pair
+    prompt, new = list(range(100, 130)), 40
+    runner = ModelRunner(target, drafter, max_length=len(prompt) + new + 16)
+    calls = project_calls(functools.partial(generate_dflash, target, drafter, prompt, new,
+                                            runner=runner))  # a partial: no function of ours
+    listing = "\n".join(f"{path} {name}" for path, name in sorted(calls))
+    print(f"{len(calls)} functions:\n{listing}")
+    assert ("dflash/qwen3.py", "Qwen3.check_request") in calls, listing  # the checks are counted
+    assert len({path for path, _ in calls}) <= MAX_CALL_FILES, listing
+    assert len(calls) <= MAX_CALL_FUNCTIONS, listing
 
 
 def test_the_trace_sees_a_function_added_to_the_step(demo_pair, monkeypatch):
@@ -157,9 +182,8 @@ def test_eager_passes_take_the_fast_mask_forms_and_equal_fixed_shape_reads(demo_
     target, drafter = demo_pair
     prompt, new = list(range(300, 341)), 40
     eager = generate_dflash(target, drafter, prompt, new)
-    fixed = ModelRunner(target, drafter, max_length=len(prompt) + new + 16)
-    for cache in fixed.caches():
-        cache.fixed_shape = True  # reads every slot of the buffer under a boolean position mask
+    # reads a bucket of slots under a boolean position mask, as compiled passes do
+    fixed = ModelRunner(target, drafter, max_length=len(prompt) + new + 16, fixed_shape=True)
     whole = generate_dflash(target, drafter, prompt, new, runner=fixed)
     assert whole.new_ids == eager.new_ids == generate_autoregressive(target, prompt, new).new_ids
     assert whole.acceptance_lengths == eager.acceptance_lengths

@@ -99,7 +99,7 @@ def test_plain_sampling_follows_the_target(target):
     generator = torch.Generator().manual_seed(1)
     runner = ModelRunner(target, max_length=len(PROMPT) + 4)
     counts = sample_counts(lambda: generate_autoregressive(
-        target, PROMPT, 3, temperature=TEMPERATURE, generator=generator, runner=runner).new_ids, SAMPLES // 2)
+        target, PROMPT, 3, sampling=Sampling(TEMPERATURE), generator=generator, runner=runner).new_ids, SAMPLES // 2)
     assert chi_square_p_value(counts, exact_joint(target, TEMPERATURE)) > 1e-3
 
 
@@ -112,7 +112,7 @@ def test_dflash_sampling_follows_the_target(target):
 
     def generate():
         committed.clear()
-        result = generate_dflash(target, drafter, PROMPT, 3, temperature=TEMPERATURE, generator=generator,
+        result = generate_dflash(target, drafter, PROMPT, 3, sampling=Sampling(TEMPERATURE), generator=generator,
                                  runner=runner, on_token=lambda token, drafted: committed.append(token))
         lengths.extend(result.acceptance_lengths)
         return result.new_ids

@@ -19,6 +19,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from dflash import measure
 from dflash.drafter import Drafter
 from dflash.qwen3 import Qwen3
+from dflash.sampling import Sampling
 from dflash.tree import DraftTree, ancestor_mask, ancestor_mask_by_solve, build_tree, path_slots, verify_inputs, walk
 from dflash.measure import Wrapped
 from generate import ModelRunner, decode_pass, generate_autoregressive, generate_dflash, generate_dflash_tree
@@ -214,7 +215,7 @@ def test_a_tree_of_single_children_is_the_chain(pairs, temperature):
     lengths = []
     for prompt_length in (1, 17, 40):
         prompt = prompt_of(prompt_length, target.config.vocab_size)
-        seeded = dict(temperature=temperature, generator=torch.Generator().manual_seed(prompt_length))
+        seeded = dict(sampling=Sampling(temperature), generator=torch.Generator().manual_seed(prompt_length))
         chain = generate_dflash(target, drafter, prompt, new, runner=chain_runner, **seeded)
         seeded["generator"].manual_seed(prompt_length)  # the same draws: one per slot, as many slots
         tree = generate_dflash_tree(target, drafter, prompt, new, budget=block_size - 1, runner=tree_runner, **seeded)
@@ -263,7 +264,7 @@ def test_tree_sampling_follows_the_target(target):  # noqa: F811
     lengths = []
 
     def generate():
-        result = generate_dflash_tree(target, drafter, PROMPT, 3, budget=budget, temperature=1.0,
+        result = generate_dflash_tree(target, drafter, PROMPT, 3, budget=budget, sampling=Sampling(1.0),
                                       generator=generator, runner=runner)
         lengths.extend(result.acceptance_lengths)
         return result.new_ids

@@ -2,6 +2,7 @@
 
 import torch
 
+from dflash.sampling import Sampling
 from generate import generate_dflash
 
 
@@ -15,7 +16,7 @@ def first_draft_kept(tiny, samples: int) -> tuple[float, float]:
     kept = 0
     for _ in range(samples):
         runner.committed[:] = tiny.prompt  # the runner's own list, refilled for each run
-        result = generate_dflash(tiny.target, tiny.drafter, tiny.prompt, 3, temperature=tiny.temperature,
+        result = generate_dflash(tiny.target, tiny.drafter, tiny.prompt, 3, sampling=Sampling(tiny.temperature),
                                  generator=generator, runner=runner,
                                  on_token=lambda token, drafted: runner.committed.append(token))
         kept += result.acceptance_lengths[0] >= 2

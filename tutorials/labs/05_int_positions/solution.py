@@ -11,7 +11,7 @@ import torch
 def graphs_with_int_positions(target, counter, steps: int = 4) -> list[int]:
     torch.compiler.reset()
     cache = target.new_cache(32)
-    cache.fixed_shape = True  # the whole buffer, masked by position: the shapes never change
+    cache.read_limit = cache.max_length  # the whole buffer, masked by position: one shape
 
     def step(token, position):
         positions = torch.arange(position, position + 1)  # (1,): a Python int baked into the graph
@@ -19,11 +19,11 @@ def graphs_with_int_positions(target, counter, steps: int = 4) -> list[int]:
 
     compiled = torch.compile(step, backend=counter, dynamic=False, fullgraph=True)
     logits = target.logits(target(torch.tensor([[5, 6, 7]]), torch.arange(3), cache)[0])  # an eager prefill
-    cache.extend(3)
+    cache.commit(3)
     counts = []
     for _ in range(steps):
         token = logits[:, -1].argmax(-1, keepdim=True)  # (1, 1)
         logits = compiled(token, cache.length)
-        cache.extend(1)
+        cache.commit(1)
         counts.append(counter.graphs)
     return counts
