@@ -33,7 +33,8 @@ CAPSTONES = [(generate.generate_dflash, "generate.py", "09_capstone"),
 # and 7): what the copy may show. The loop around them is what it may not.
 TAUGHT = {"features = runner.commit(accepted + 1)", "last = target_tokens[accepted]",
           "features = runner.commit_path(path)", "path = walk(tree, target_tokens)",
-          "logprobs, candidates = runner.draft_tree(features, last)"}
+          "logprobs, candidates = runner.draft_tree(features, last)",
+          "committed = [target_tokens[node] for node in path]"}
 
 
 def tool():
