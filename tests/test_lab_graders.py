@@ -1167,7 +1167,7 @@ def test_a_plug_in_check_computes_its_reference_before_the_students_piece_is_in(
     fresh = DemoPair()
     with pytest.raises(AssertionError, match="with your RoPE"):
         fresh.assert_plugged_in_matches(grader.plugged_in(lambda x, positions, theta: x),
-                                        grader.dflash_loop(fresh), "01_rope: with your RoPE")
+                                        grader.plain_loop(fresh), "01_rope: with your RoPE")
 
 
 LOOPS_FOREVER = {"at import": "while True:\n    pass\n",
