@@ -467,8 +467,8 @@ def run_dflash(target, drafter, prompt_ids, max_new_tokens: int, *, temperature:
                **options):
     """A DFlash run with greedy drafts, as every grader (and the labs that hand a loop to the
     student) calls it: `generate.generate_dflash`, or in the student copy, where that is the
-    capstone's stub, `replayed_dflash`. `options`: stop_ids, runner, first_token_choices,
-    generator, on_token. The one place to change should the loop's signature change."""
+    capstone's stub, `replayed_dflash`. `options`: stop_ids, runner, block_size,
+    first_token_choices, generator, on_token. The one place to change should the loop's signature change."""
     try:
         return generate.generate_dflash(target, drafter, prompt_ids, max_new_tokens,
                                         sampling=Sampling(temperature), **options)
@@ -481,16 +481,16 @@ def run_dflash(target, drafter, prompt_ids, max_new_tokens: int, *, temperature:
 
 @torch.no_grad()
 def replayed_dflash(target, drafter, prompt_ids, max_new_tokens: int, *, temperature: float = 0.0,
-                    stop_ids=(), runner: ModelRunner | None = None, first_token_choices=None,
-                    generator=None, on_token=None):
+                    stop_ids=(), runner: ModelRunner | None = None, block_size: int | None = None,
+                    first_token_choices=None, generator=None, on_token=None):
     """A DFlash run with greedy drafts, read off the plain loop's text instead of run (the method
     of dflash/evaluation.py): the loop commits what the plain loop writes (greedy, the same
     tokens; sampled, the same law, where a one-hot draft is kept when the target's draw equals
     it), so each step drafts from the target's features before the newest committed token and
     keeps the drafts equal to the text's next ones, then the target's own. Drafts go through
     `runner` (a lab's subclass), the features through its prefill."""
-    block = runner.block_size if runner is not None else default_block_size(drafter)
-    runner = runner or ModelRunner(target, drafter, max_length=cache_slots(
+    block = block_size or (runner.block_size if runner is not None else default_block_size(drafter))
+    runner = runner or ModelRunner(target, drafter, block_size=block, max_length=cache_slots(
         len(prompt_ids), max_new_tokens, block))
     said = generate_autoregressive(target, prompt_ids, max_new_tokens + block - 1,
                                    sampling=Sampling(temperature), generator=generator,
@@ -501,8 +501,9 @@ def replayed_dflash(target, drafter, prompt_ids, max_new_tokens: int, *, tempera
     committed = 1  # the prefill's token
     while not output.done:
         anchor = len(prompt_ids) + committed - 1  # where the newest committed token goes
-        runner.target_cache.trim(anchor)  # the draft's block opens there
-        runner.drafter_cache.trim(0)  # and the drafter reads the whole context afresh
+        runner.target_cache.trim(0)  # committed by then: the prefill wrote their keys; the
+        runner.target_cache.extend(anchor)  # draft's block opens after them
+        runner.drafter_cache.trim(0)  # the drafter reads the whole context afresh
         drafts = argmax(runner.draft(features[:, :anchor], said[committed - 1])).tolist()
         ahead = said[committed:]
         accepted = next((k for k, (draft, token) in enumerate(zip(drafts, ahead))
