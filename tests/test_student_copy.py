@@ -156,10 +156,10 @@ for call in (lambda: generate.generate_dflash(target, None, [1], 4),
 
 # Labs whose graders run the project's loop (generate_dflash, generate_dflash_tree), which the copy
 # stubs, and so fail there on the stub's line even once written. None since issue #48: the graders
-# get a DFlash run through tutorials/labs/_lab_helpers.py's run_dflash (in the copy, a replay off the
-# plain loop's text), check plug-ins with the plain loop or the tree's verify pass, and grade the
-# capstones by what the runner returned to the student's own loop. A lab that needs the loop again
-# joins these sets, and the two tests below say so.
+# get a DFlash run through tutorials/labs/_lab_helpers.py's run_dflash (in the copy, a replay off
+# the plain loop's text), check plug-ins with the plain loop or the tree's verify pass, and grade
+# the capstones by what the runner returned to the student's own loop. A lab that needs the loop
+# again joins these sets, and the two tests below say so.
 GRADED_WITH_THE_LOOP: set[str] = set()  # unwritten, they reach the stub before the starter
 RUN_THE_LOOP: set[str] = GRADED_WITH_THE_LOOP | set()  # and those that reach it once written
 

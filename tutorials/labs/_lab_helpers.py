@@ -468,7 +468,8 @@ def run_dflash(target, drafter, prompt_ids, max_new_tokens: int, *, temperature:
     """A DFlash run with greedy drafts, as every grader (and the labs that hand a loop to the
     student) calls it: `generate.generate_dflash`, or in the student copy, where that is the
     capstone's stub, `replayed_dflash`. `options`: stop_ids, runner, block_size,
-    first_token_choices, generator, on_token. The one place to change should the loop's signature change."""
+    first_token_choices, generator, on_token. The one place to change should the loop's
+    signature change."""
     try:
         return generate.generate_dflash(target, drafter, prompt_ids, max_new_tokens,
                                         sampling=Sampling(temperature), **options)
@@ -501,8 +502,8 @@ def replayed_dflash(target, drafter, prompt_ids, max_new_tokens: int, *, tempera
     committed = 1  # the prefill's token
     while not output.done:
         anchor = len(prompt_ids) + committed - 1  # where the newest committed token goes
-        runner.target_cache.trim(0)  # committed by then: the prefill wrote their keys; the
-        runner.target_cache.extend(anchor)  # draft's block opens after them
+        runner.target_cache.trim(0)  # the tokens committed by then (the prefill wrote their
+        runner.target_cache.extend(anchor)  # keys): the draft's block opens after them
         runner.drafter_cache.trim(0)  # the drafter reads the whole context afresh
         drafts = argmax(runner.draft(features[:, :anchor], said[committed - 1])).tolist()
         ahead = said[committed:]

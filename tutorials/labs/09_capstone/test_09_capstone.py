@@ -6,12 +6,12 @@ loop's; the project's own DFlash loop is not needed (in the student copy it is t
 Every call the student's loop makes on the runner is recorded with what the runner returned, and
 each step is checked against what those returns ask of it: the drafter's likeliest tokens verified,
 `last` and the drafts before the first the target disagrees with committed, the target's own token
-opening the next block, the features of what was committed drafted from. A wrong step is named
-by what went wrong in it, without the value it should have had, and a loop that raises is named
-in one line, not by a traceback from inside the model. The limits include 0 and 1, and a stop token the prefill itself writes. The tokens a step
-brings to the host are counted (every .item(), .tolist(), int() or comparison read in Python outside
-the runner): once per step. The project's loops are switched off while the student's runs; every
-reference is computed before."""
+opening the next block, the features of what was committed drafted from. A wrong step is named by
+what went wrong in it, without the value it should have had, and a loop that raises is named in one
+line, not by a traceback from inside the model. The limits include 0 and 1, and a stop token the
+prefill itself writes. The tokens a step brings to the host are counted (every .item(), .tolist(),
+int() or comparison read in Python outside the runner): once per step. The project's loops are
+switched off while the student's runs; every reference is computed before."""
 
 import contextlib
 
@@ -165,8 +165,8 @@ def first_difference(mine: list, right: list) -> int:
 
 def accepted_prefix(drafts: list[int], target_tokens: list[int]) -> int:
     """How many drafts open the block in agreement with the target's tokens."""
-    return next((k for k, (draft, token) in enumerate(zip(drafts, target_tokens)) if draft != token),
-                min(len(drafts), len(target_tokens)))
+    pairs = list(zip(drafts, target_tokens))
+    return next((k for k, (draft, token) in enumerate(pairs) if draft != token), len(pairs))
 
 
 def assert_steps_right(mine: Recording, prompt: list[int], new: int, stops, case: str,

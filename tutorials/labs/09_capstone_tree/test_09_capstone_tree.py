@@ -1,7 +1,7 @@
-"""Grades lab 09_capstone_tree: the student's tree loop, on runners the grader builds, on cases drawn at
-run time (the demo pair, budgets from 2 to 24, prompts of several lengths, a held-out problem stopping
-at a stop token). Its output must be the plain loop's; the project's own tree loop and walk are not
-needed (in the student copy they are this lab's stubs).
+"""Grades lab 09_capstone_tree: the student's tree loop, on runners the grader builds, on cases
+drawn at run time (the demo pair, budgets from 2 to 24, prompts of several lengths, a held-out
+problem stopping at a stop token). Its output must be the plain loop's; the project's own tree
+loop and walk are not needed (in the student copy they are this lab's stubs).
 
 Every call the student's loop makes on the runner is recorded with what the runner returned, and
 each step is checked against what those returns ask of it: the best-first tree over the drafter's
@@ -105,7 +105,8 @@ def assert_steps_right(mine: Recording, prompt: list[int], new: int, stops, case
         assert tree == (best_first.tokens, best_first.parents), (
             f"09_capstone_tree ({case}): step {step} verifies a tree other than the best-first "
             f"tree (build_tree) of the budget over runner.draft_tree's candidates")
-        assert_path_right(path, tree, target_tokens, f"09_capstone_tree ({case}): step {step}'s path")
+        assert_path_right(path, tree, target_tokens,
+                          f"09_capstone_tree ({case}): step {step}'s path")
         rows, last = len(path), target_tokens[path[-1]]
         lengths.append(len(path))
         for token in [target_tokens[node] for node in path]:  # the kept drafts, the target's own
