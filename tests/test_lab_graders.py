@@ -1167,7 +1167,7 @@ def test_a_plug_in_check_computes_its_reference_before_the_students_piece_is_in(
     fresh = DemoPair()
     with pytest.raises(AssertionError, match="with your RoPE"):
         fresh.assert_plugged_in_matches(grader.plugged_in(lambda x, positions, theta: x),
-                                        grader.dflash_loop(fresh), "01_rope: with your RoPE")
+                                        grader.plain_loop(fresh), "01_rope: with your RoPE")
 
 
 LOOPS_FOREVER = {"at import": "while True:\n    pass\n",
@@ -1229,3 +1229,59 @@ def test_forbidden_calls_are_seen_whatever_name_they_go_by():
         torch.ones(2).sum()
         dflash.tree.build_tree(0, [[-0.1]], [[1]], 1)
     assert not hits, hits
+
+
+def test_the_replayed_run_is_generate_dflash_s(demo):
+    """What a grader runs in the student copy, where generate_dflash is the capstone's stub: the
+    same greedy run, its tokens and step lengths read off the plain loop's text, on both pairs,
+    stopping at a stop token or the limit, and with a runner of a lab's class (03's pooled tau)."""
+    import generate
+    from _lab_helpers import fixture_pair, replayed_dflash
+
+    class Blind(generate.ModelRunner):  # 03_zero_context's runner: the drafter keeps few drafts
+        def draft(self, features, last):
+            return super().draft(torch.zeros_like(features), last)
+
+    other = fixture_pair()
+    runs = [(demo, ids, choices, limit, demo.stop_ids, None)
+            for (ids, choices), limit in zip(demo.prompts(3), (96, 1, 29))]
+    runs += [(demo, demo.prompts(1)[0][0], None, 40, (), Blind),
+             (other, other.prompts(1)[0][0], None, 24, (), None)]
+    for pair, ids, choices, limit, stops, runner_class in runs:
+        def runner():
+            return runner_class and runner_class(pair.target, pair.drafter,
+                                                 max_length=len(ids) + limit + pair.block)
+
+        real = generate.generate_dflash(pair.target, pair.drafter, ids, limit, stop_ids=stops,
+                                        first_token_choices=choices, runner=runner())
+        replayed = replayed_dflash(pair.target, pair.drafter, ids, limit, stop_ids=stops,
+                                   first_token_choices=choices, runner=runner())
+        assert replayed.new_ids == real.new_ids, (limit, runner_class)
+        assert replayed.acceptance_lengths == real.acceptance_lengths, (limit, runner_class)
+
+
+def test_run_dflash_replays_only_where_the_loop_is_the_student_copy_s_stub(demo, monkeypatch):
+    """`run_dflash` turns to the replay on the copy's stub alone: another NotImplementedError (a
+    student's unwritten piece) is the student's."""
+    import generate
+    from _lab_helpers import run_dflash
+
+    ids, choices = demo.prompts(1)[0]
+    real = run_dflash(demo.target, demo.drafter, ids, 40, first_token_choices=choices)
+    assert max(real.acceptance_lengths) > 1  # drafts kept: the two routes are told apart by steps
+
+    def stub(*args, **kwargs):
+        raise NotImplementedError("generate_dflash is lab 09_capstone's answer, not in the student "
+                                  "copy: write it in tutorials/labs/09_capstone/starter.py")
+
+    monkeypatch.setattr(generate, "generate_dflash", stub)
+    replayed = run_dflash(demo.target, demo.drafter, ids, 40, first_token_choices=choices)
+    assert (replayed.new_ids, replayed.acceptance_lengths) == (real.new_ids,
+                                                               real.acceptance_lengths)
+
+    def unwritten(*args, **kwargs):
+        raise NotImplementedError
+
+    monkeypatch.setattr(generate, "generate_dflash", unwritten)
+    with pytest.raises(NotImplementedError):
+        run_dflash(demo.target, demo.drafter, ids, 40, first_token_choices=choices)

@@ -30,9 +30,12 @@ import teaching  # tutorials/teaching.py (on pytest's path, pyproject.toml): not
 from dflash.drafter import Drafter, DrafterConfig, default_target_layer_ids
 from dflash.measure import certain_logits
 from dflash.prompts import encode_for_generation, read_prompts
-from dflash.qwen3 import Qwen3, Qwen3Config
+from dflash.qwen3 import Qwen3, Qwen3Config, argmax
+from dflash.sampling import Sampling
 from dflash.tokenizer import load_tokenizer
-from generate import ModelRunner, generate_autoregressive, generate_dflash_tree
+from dflash.tree import build_tree
+from generate import (GenerationBuilder, ModelRunner, cache_slots, default_block_size,
+                      generate_autoregressive)
 
 LABS = Path(__file__).resolve().parent
 ROOT = LABS.parents[1]  # the repository: dflash/, generate.py, weights/
@@ -392,6 +395,11 @@ class DemoPair:
     def problems(self) -> list:
         return read_prompts(WEIGHTS / "heldout_problems.jsonl")
 
+    @staticmethod
+    def generate_dflash(target, drafter, prompt_ids, max_new_tokens: int, **options):
+        """The DFlash loop (greedy drafts) a lab runs: `run_dflash`, for the student's code."""
+        return run_dflash(target, drafter, prompt_ids, max_new_tokens, **options)
+
     def drawn_prompt(self, rng: random.Random) -> list[int]:
         """One held-out problem drawn at run time, through the chat template: its ids."""
         return encode_for_generation(rng.choice(self.problems), self.tokenizer)[0]
@@ -455,10 +463,55 @@ def fixture_pair() -> FixturePair:
     return FixturePair()
 
 
-def run_dflash(target, drafter, prompt_ids, max_new_tokens: int, **options):
-    """generate_dflash, greedy, as every grader calls it (`options`: stop_ids, runner, block_size,
-    first_token_choices): the one place to change should its signature change."""
-    return generate.generate_dflash(target, drafter, prompt_ids, max_new_tokens, **options)
+def run_dflash(target, drafter, prompt_ids, max_new_tokens: int, *, temperature: float = 0.0,
+               **options):
+    """A DFlash run with greedy drafts, as every grader (and the labs that hand a loop to the
+    student) calls it: `generate.generate_dflash`, or in the student copy, where that is the
+    capstone's stub, `replayed_dflash`. `options`: stop_ids, runner, block_size,
+    first_token_choices, generator, on_token. The one place to change should the loop's
+    signature change."""
+    try:
+        return generate.generate_dflash(target, drafter, prompt_ids, max_new_tokens,
+                                        sampling=Sampling(temperature), **options)
+    except NotImplementedError as stub:
+        if "student copy" not in str(stub):
+            raise  # a student's piece, unwritten: not the project's stub
+    return replayed_dflash(target, drafter, prompt_ids, max_new_tokens, temperature=temperature,
+                           **options)
+
+
+@torch.no_grad()
+def replayed_dflash(target, drafter, prompt_ids, max_new_tokens: int, *, temperature: float = 0.0,
+                    stop_ids=(), runner: ModelRunner | None = None, block_size: int | None = None,
+                    first_token_choices=None, generator=None, on_token=None):
+    """A DFlash run with greedy drafts, read off the plain loop's text instead of run (the method
+    of dflash/evaluation.py): the loop commits what the plain loop writes (greedy, the same
+    tokens; sampled, the same law, where a one-hot draft is kept when the target's draw equals
+    it), so each step drafts from the target's features before the newest committed token and
+    keeps the drafts equal to the text's next ones, then the target's own. Drafts go through
+    `runner` (a lab's subclass), the features through its prefill."""
+    block = block_size or (runner.block_size if runner is not None else default_block_size(drafter))
+    runner = runner or ModelRunner(target, drafter, block_size=block, max_length=cache_slots(
+        len(prompt_ids), max_new_tokens, block))
+    said = generate_autoregressive(target, prompt_ids, max_new_tokens + block - 1,
+                                   sampling=Sampling(temperature), generator=generator,
+                                   first_token_choices=first_token_choices).new_ids
+    _, features = runner.prefill(list(prompt_ids) + said[:max_new_tokens], Sampling(), None)
+    output = GenerationBuilder(max_new_tokens, stop_ids, on_token, features.device)
+    output.commit(said[:1], step=False)
+    committed = 1  # the prefill's token
+    while not output.done:
+        anchor = len(prompt_ids) + committed - 1  # where the newest committed token goes
+        runner.target_cache.trim(0)  # the tokens committed by then (the prefill wrote their
+        runner.target_cache.extend(anchor)  # keys): the draft's block opens after them
+        runner.drafter_cache.trim(0)  # the drafter reads the whole context afresh
+        drafts = argmax(runner.draft(features[:, :anchor], said[committed - 1])).tolist()
+        ahead = said[committed:]
+        accepted = next((k for k, (draft, token) in enumerate(zip(drafts, ahead))
+                         if draft != token), len(drafts))
+        output.commit(ahead[:accepted + 1], drafted=accepted)  # the drafts, the target's own
+        committed += accepted + 1
+    return output.finish()
 
 
 def dflash_loop(demo: DemoPair) -> Callable:
@@ -468,10 +521,34 @@ def dflash_loop(demo: DemoPair) -> Callable:
                                                   first_token_choices=choices)
 
 
-def tree_loop(demo: DemoPair, budget: int = 16) -> Callable:
-    """The tree loop on the demo pair, as `DemoPair.assert_plugged_in_matches` calls it."""
-    return lambda ids, choices, limit: generate_dflash_tree(demo.target, demo.drafter, ids, limit, budget=budget,
-                                                            stop_ids=demo.stop_ids, first_token_choices=choices)
+def plain_loop(demo: DemoPair) -> Callable:
+    """The plain loop on the demo pair, as `DemoPair.assert_plugged_in_matches` calls it: where a
+    lab's piece lives in the target, it is what the target writes (the DFlash loop writes the
+    same, and in the student copy it is the capstone's answer)."""
+    return lambda ids, choices, limit: generate_autoregressive(demo.target, ids, limit,
+                                                               stop_ids=demo.stop_ids,
+                                                               first_token_choices=choices)
+
+
+def assert_tree_verified_alike(demo: DemoPair, plugged, what: str, budget: int = 16,
+                               prompts: int = 2, offsets: Sequence[int] = (0, 9, 23)) -> None:
+    """Under `plugged` (a context manager that swaps the student's piece into the tree's verify
+    pass), the target's token after every node of real draft trees (after `draft_contexts`, built
+    best first with `budget` nodes) must be the one it picks with the project's own pieces.
+    `what` opens the failure message."""
+    for step, (context, choices) in enumerate(draft_contexts(demo, prompts, offsets)):
+        runner = ModelRunner(demo.target, demo.drafter, tree_budget=budget,
+                             max_length=len(context) + budget + 1 + demo.block)
+        root, features = runner.prefill(torch.tensor([context]), Sampling(), None, choices)
+        logprobs, candidates = runner.draft_tree(features, root)  # (block - 1, budget) each
+        tree = build_tree(root, logprobs.tolist(), candidates.tolist(), budget)
+        right = runner.verify_tree(tree, Sampling(), None)[:len(tree.tokens)].tolist()
+        with plugged:
+            mine = runner.verify_tree(tree, Sampling(), None)[:len(tree.tokens)].tolist()
+        wrong = next((node for node, (a, b) in enumerate(zip(mine, right)) if a != b), None)
+        assert wrong is None, (
+            f"{what}, the target picks another token after node {wrong} of a {len(tree.tokens)}-"
+            f"node draft tree (draft step {step}) than with the project's own")
 
 
 # ------------------------------------------------------------------ what some labs hand the student
@@ -504,9 +581,10 @@ def qwen3_8b_counts(context: int = 2048):
 
 def tiny_experiment(seed: int = 0):
     """Notebook 2's section 4 (its target drawn with `seed`; the notebook's is 0): a tiny target
-    over 8 tokens, a stand-in drafter, and `GreedyGuessRunner`, whose drafts are the target's greedy
-    continuation of the committed text (`committed`, kept up to date by the loop's
-    `on_token`). `next_probabilities(prefixes)` gives the target's exact next-token law after PROMPT + each prefix."""
+    over 8 tokens, a stand-in drafter, the DFlash loop to run (`generate_dflash`: `run_dflash`), and
+    `GreedyGuessRunner`, whose drafts are the target's greedy continuation of the committed text
+    (`committed`, kept up to date by the loop's `on_token`). `next_probabilities(prefixes)` gives
+    the target's exact next-token law after PROMPT + each prefix."""
     vocab, prompt, temperature = 8, [1, 5, 2, 6], 1.0
     small = Qwen3Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                         num_attention_heads=2, num_key_value_heads=1, head_dim=16)
@@ -544,7 +622,9 @@ def tiny_experiment(seed: int = 0):
         return torch.softmax(target.logits(hidden[:, -1]).double() / temperature, dim=-1)  # (prefixes, vocab)
 
     return types.SimpleNamespace(target=target, drafter=drafter, vocab=vocab, prompt=prompt, temperature=temperature,
-                                 GreedyGuessRunner=GreedyGuessRunner, next_probabilities=next_probabilities)
+                                 GreedyGuessRunner=GreedyGuessRunner,
+                                 next_probabilities=next_probabilities,
+                                 generate_dflash=DemoPair.generate_dflash)
 
 
 class WatchedPooledTau:
@@ -578,20 +658,28 @@ class WatchedPooledTau:
         return self.taus[-1]
 
 
-def draft_steps(demo: DemoPair, prompts: int, offsets: Sequence[int], top_k: int = 32) -> list[tuple]:
-    """Tree draft passes of the demo pair inside real answers: (root, logprobs, candidates) per step, as lists
-    ((block - 1, top_k) each, likeliest first), after each held-out prompt plus the first `offsets` tokens of
-    the target's greedy answer."""
-    steps = []
+def draft_contexts(demo: DemoPair, prompts: int, offsets: Sequence[int]) -> list[tuple]:
+    """(context ids, first-token choices or None) after each of the first `prompts` held-out
+    prompts plus the first `offsets` tokens of the target's greedy answer: where real steps
+    draft."""
+    contexts = []
     for ids, choices in demo.prompts(prompts):
         truth = generate_autoregressive(demo.target, ids, max(offsets), first_token_choices=choices).new_ids
-        for offset in offsets:
-            context = ids + truth[:offset]
-            runner = ModelRunner(demo.target, demo.drafter, max_length=len(context) + top_k + 1 + demo.block,
-                                 tree_budget=top_k)
-            root, features = runner.prefill(torch.tensor([context]), 0.0, None, choices if offset == 0 else None)
-            logprobs, candidates = runner.draft_tree(features, root)  # (block - 1, top_k) each
-            steps.append((root, logprobs.tolist(), candidates.tolist()))
+        contexts += [(ids + truth[:offset], choices if offset == 0 else None) for offset in offsets]
+    return contexts
+
+
+def draft_steps(demo: DemoPair, prompts: int, offsets: Sequence[int],
+                top_k: int = 32) -> list[tuple]:
+    """Tree draft passes of the demo pair inside real answers (`draft_contexts`): (root, logprobs,
+    candidates) per step, as lists ((block - 1, top_k) each, likeliest first)."""
+    steps = []
+    for context, choices in draft_contexts(demo, prompts, offsets):
+        runner = ModelRunner(demo.target, demo.drafter, tree_budget=top_k,
+                             max_length=len(context) + top_k + 1 + demo.block)
+        root, features = runner.prefill(torch.tensor([context]), 0.0, None, choices)
+        logprobs, candidates = runner.draft_tree(features, root)  # (block - 1, top_k) each
+        steps.append((root, logprobs.tolist(), candidates.tolist()))
     return steps
 
 

@@ -1,6 +1,7 @@
 """Grades lab 01_rope: against RotaryEmbedding + apply_rope (both switched off while the student's
 function runs: it computes the angles itself), the relative-position property, then inside the demo
-pair: every attention layer of the target and the drafter rotates with the student's function."""
+target: every attention layer rotates with the student's function, and the plain loop must still
+write its tokens."""
 
 import contextlib
 from unittest import mock
@@ -8,7 +9,7 @@ from unittest import mock
 import torch
 
 import dflash.qwen3
-from _lab_helpers import dflash_loop, drawn_generator, forbidden
+from _lab_helpers import drawn_generator, forbidden, plain_loop
 from dflash.qwen3 import RotaryEmbedding, apply_rope
 
 THETAS = (1e4, 1e6)
@@ -62,5 +63,5 @@ def test_rope(lab, demo):
     ]
     assert max(dots) - min(dots) < 1e-3, \
         f"01_rope: q . k should depend only on the offset ({offset} here)"
-    demo.assert_plugged_in_matches(plugged_in(lab.my_rope), dflash_loop(demo),
+    demo.assert_plugged_in_matches(plugged_in(lab.my_rope), plain_loop(demo),
                                    "01_rope: with your RoPE in every attention layer")

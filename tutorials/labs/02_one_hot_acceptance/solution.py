@@ -2,9 +2,6 @@
 
 import torch
 
-from dflash.sampling import Sampling
-from generate import generate_dflash
-
 
 def first_draft_kept(tiny, samples: int) -> tuple[float, float]:
     """(predicted, measured) probability that the first step keeps its first draft."""
@@ -16,8 +13,9 @@ def first_draft_kept(tiny, samples: int) -> tuple[float, float]:
     kept = 0
     for _ in range(samples):
         runner.committed[:] = tiny.prompt  # the runner's own list, refilled for each run
-        result = generate_dflash(tiny.target, tiny.drafter, tiny.prompt, 3, sampling=Sampling(tiny.temperature),
-                                 generator=generator, runner=runner,
-                                 on_token=lambda token, drafted: runner.committed.append(token))
+        result = tiny.generate_dflash(tiny.target, tiny.drafter, tiny.prompt, 3,
+                                      temperature=tiny.temperature, generator=generator,
+                                      runner=runner, on_token=lambda token, drafted:
+                                      runner.committed.append(token))
         kept += result.acceptance_lengths[0] >= 2
     return predicted, kept / samples

@@ -1,13 +1,14 @@
 """Grades lab 07_ancestor_mask against dflash.tree.ancestor_mask on 200 random trees (switched off while the
-student's function runs), then inside the demo pair: every verify pass of the tree loop masks with the
-student's function, and the loop must still write the plain loop's tokens."""
+student's function runs), then inside the demo pair: the tree verify pass over real draft trees
+masks with the student's function, and the target must still pick, after every node, the token
+it picks with the project's mask."""
 
 from unittest import mock
 
 import torch
 
 import dflash.tree
-from _lab_helpers import drawn_random, forbidden, tree_loop
+from _lab_helpers import assert_tree_verified_alike, drawn_random, forbidden
 from dflash.tree import DraftTree, ancestor_mask
 
 RULE = "07_ancestor_mask: the lab asks you to build the mask yourself"
@@ -42,6 +43,6 @@ def test_ancestor_mask(lab, demo):
             f"is wrong (which nodes may node {wrong[0] if wrong else len(mine)} see?)"
         )
     calls = []
-    demo.assert_plugged_in_matches(plugged_into_the_verify_pass(lab.my_ancestor_mask, calls), tree_loop(demo),
-                                   "07_ancestor_mask: with your mask in the tree loop's verify passes")
+    assert_tree_verified_alike(demo, plugged_into_the_verify_pass(lab.my_ancestor_mask, calls),
+                               "07_ancestor_mask: with your mask in the tree's verify pass")
     assert calls, "07_ancestor_mask: the grader's plug-in never reached a verify pass (the project's seam moved)"
