@@ -503,7 +503,7 @@ def replayed_dflash(target, drafter, prompt_ids, max_new_tokens: int, *, tempera
     while not output.done:
         anchor = len(prompt_ids) + committed - 1  # where the newest committed token goes
         runner.target_cache.trim(0)  # the tokens committed by then (the prefill wrote their
-        runner.target_cache.extend(anchor)  # keys): the draft's block opens after them
+        runner.target_cache.commit(anchor)  # keys): the draft's block opens after them
         runner.drafter_cache.trim(0)  # the drafter reads the whole context afresh
         drafts = argmax(runner.draft(features[:, :anchor], said[committed - 1])).tolist()
         ahead = said[committed:]
