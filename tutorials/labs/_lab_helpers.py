@@ -511,7 +511,7 @@ def replayed_dflash(target, drafter, prompt_ids, max_new_tokens: int, *, tempera
                          if draft != token), len(drafts))
         output.commit(ahead[:accepted + 1], drafted=accepted)  # the drafts, the target's own
         committed += accepted + 1
-    return output.finish()
+    return output.result
 
 
 def dflash_loop(demo: DemoPair) -> Callable:
