@@ -23,6 +23,8 @@ from torch.nn.attention.bias import causal_lower_right
 from dflash.block_choice import choose_block
 from dflash.cli import UsageError, pick_device, pick_dtype, run_cli
 from dflash.compiled import compiled_copy, keys_bucket
+from dflash import dflash2
+from dflash.dflash2 import DFlash2Drafter, load_drafter
 from dflash.drafter import Drafter, cached_block_mask
 from dflash.flex_reads import filled_blocks
 from dflash.checkpoint import checkpoint_folder
@@ -84,7 +86,7 @@ def draft_pass(target: Qwen3, drafter: Drafter, cache: KVCache, features, block_
 
 
 PASSES = {"decode": decode_pass, "verify": verify_pass, "verify_tree": verify_tree_pass,
-          "draft": draft_pass}
+          "draft": draft_pass, "draft2": dflash2.draft_pass}
 
 
 # ---------------------------------------------------------------- the model runner
@@ -100,6 +102,8 @@ class ModelRunner:
                  block_size: int | None = None, tree_budget: int = 0, tree_top_k: int | None = None,
                  compile: bool = False, backend="inductor", mode: str | None = None,
                  flex_attention: bool = False):
+        if tree_budget and isinstance(drafter, DFlash2Drafter):
+            raise UsageError(dflash2.NO_TREES)
         self.target, self.drafter, self.max_length = target, drafter, max_length
         self.block_size = block = block_size or default_block_size(drafter)
         self.tree_budget = tree_budget  # drafted nodes per tree (0: chains only)
@@ -220,7 +224,8 @@ class ModelRunner:
             context_slots = context_positions + torch.where(offsets < rows, 0, len(offsets))
         self.block_ids[0, 0] = last_token
         self.block_ids[0, 1:] = self.mask_token_id
-        logits = self.run("draft", cache, self.target, self.drafter, cache, features,
+        name = "draft2" if isinstance(self.drafter, DFlash2Drafter) else "draft"  # logits, states
+        logits = self.run(name, cache, self.target, self.drafter, cache, features,
                           self.block_ids, context_positions=context_positions,
                           context_slots=context_slots, block_positions=offsets + start, eager=eager)
         cache.extend(rows)  # the context is kept; the block's slots were scratch
@@ -388,7 +393,10 @@ def generate_dflash(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int],
     last, features = runner.prefill(prompt_ids, sampling, generator, first_token_choices)
     output.commit([last], step=False)  # not yet in the target's cache; features: (1, n, F)
     while not output.done:
-        if sampled:  # (block - 1,) drafts, some drawn from the drafter's q (sampled, vocab)
+        if isinstance(drafter, DFlash2Drafter):  # the selector walks the block: dflash/dflash2.py
+            drafts, draft_probs = drafter.draft_block(runner, features, last, sampling, sampled,
+                                                      generator)
+        elif sampled:  # (block - 1,) drafts, some drawn from the drafter's q (sampled, vocab)
             drafts, draft_probs = runner.draft_sampled(features, last, sampling, sampled, generator)
         else:  # the drafter's likeliest
             drafts, draft_probs = argmax(runner.draft(features, last)), None
@@ -453,8 +461,8 @@ def run(args) -> int:
     prompt_ids, choices = encode_for_generation(prompt, tokenizer, args.chat, args.thinking,
                                                 args.token_healing)
     target = Qwen3.from_pretrained(args.model, device=device, dtype=dtype)
-    drafter = None if args.no_draft else Drafter.from_pretrained(args.draft, target=target,
-                                                                 device=device, dtype=dtype)
+    drafter = None if args.no_draft else load_drafter(args.draft, target=target, device=device,
+                                                      dtype=dtype)
     stops = stop_token_ids(args.model, tokenizer)
     block_size = args.block_size or default_block_size(drafter)
     if block_size == "auto":  # from this machine's pass costs and the drafter's acceptance

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +27,7 @@ from dflash import checkpoint
 from dflash.checkpoint import POSITIVE_NUMBER, SIZE, CheckpointError, check_fields, is_number
 from dflash.drafter import Drafter, DrafterConfig, DrafterLayer, check_fits
 from dflash.qwen3 import Attend, KVCache, Qwen3, Rope, argmax, masked
-from dflash.sampling import draw, tempered_softmax
+from dflash.sampling import Sampling, draw, tempered_softmax
 
 ARCHITECTURE = "DFlash2DraftModel"  # `architectures` in a released DFlash2 `config.json`
 
@@ -250,18 +251,21 @@ class CandidateSelector(nn.Module):
         return unary + pair  # (batch, k)
 
     def select(self, hidden: torch.Tensor, logits: torch.Tensor, anchor_ids: torch.Tensor,
-               temperature: float, generator: torch.Generator | None = None):
+               temperature: float, generator: torch.Generator | None = None,
+               sampled: int | None = None):
         """Walk the slots from `anchor_ids` (batch,), the last committed tokens: hidden (batch,
-        slots, hidden), logits (batch, slots, vocab). Returns the tokens (batch, slots), the
-        candidates (batch, slots, k) and, sampled, the probabilities each was drawn with
-        (batch, slots, k; float64); greedy (temperature 0), argmax and None."""
+        slots, hidden), logits (batch, slots, vocab). Above temperature 0 the first `sampled`
+        slots (default: all) are drawn, the rest argmax. Returns the tokens (batch, slots), the
+        candidates (batch, slots, k) and the probabilities each drawn slot was drawn with (batch,
+        sampled, k; float64), or None when none was. All on the device: no host sync."""
         unary, candidates = self.candidates(logits)
         projected = self.hidden_projection(hidden)  # (batch, slots, rank)
+        drawn = 0 if temperature <= 0 else hidden.shape[1] if sampled is None else sampled
         predecessor, path, probs = anchor_ids, [], []
         for slot in range(hidden.shape[1]):
             scores = self.scores(projected[:, slot], unary[:, slot], candidates[:, slot],
                                  predecessor)
-            if temperature > 0:
+            if slot < drawn:
                 probs.append(tempered_softmax(scores, temperature))  # (batch, k)
                 index = draw(probs[-1], generator)
             else:
@@ -300,14 +304,17 @@ class DFlash2Drafter(Drafter):
     def forward(self, features: torch.Tensor, block_embeddings: torch.Tensor,
                 context_positions: torch.Tensor, block_positions: torch.Tensor, *,
                 cache: KVCache | None = None, attend: Attend | None = None,
-                context_slots: torch.Tensor | None = None) -> torch.Tensor:
-        """As `Drafter.forward`; with a sliding window or causal layers, the default `attend`
-        hides what they must not see. A caller's own `attend` would not know of them: refused."""
-        if self.config.sliding_window is not None or self.config.is_causal:
-            if attend is not None:
-                raise ValueError("a DFlash2 drafter with a sliding window or causal layers "
-                                 "builds its own attention mask; pass attend=None")
-            attend = masked(self.visible_keys(context_positions, block_positions, cache))
+                context_slots: torch.Tensor | None = None,
+                reads: Callable[[torch.Tensor], Attend] = masked) -> torch.Tensor:
+        """As `Drafter.forward`; with a sliding window or causal layers, or over a fixed-shape
+        cache, the default `attend` hides what they must not see, read by `reads` (SDPA, or the
+        loop's FlexAttention). A caller's own `attend` would not know of the window: refused."""
+        windowed = self.config.sliding_window is not None or self.config.is_causal
+        if windowed and attend is not None:
+            raise ValueError("a DFlash2 drafter with a sliding window or causal layers "
+                             "builds its own attention mask; pass attend=None")
+        if attend is None and (windowed or cache is not None and cache.fixed_shape):
+            attend = reads(self.visible_keys(context_positions, block_positions, cache))
         return super().forward(features, block_embeddings, context_positions, block_positions,
                                cache=cache, attend=attend, context_slots=context_slots)
 
@@ -352,6 +359,23 @@ class DFlash2Drafter(Drafter):
         logits = self.logits(hidden, target)
         return self.candidate_selector.select(hidden, logits, anchor_ids, temperature, generator)
 
+    def draft_block(self, runner, features: torch.Tensor, last_token: int, sampling: Sampling,
+                    sampled: int, generator: torch.Generator | None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The speculative loop's draft step (generate.py's `generate_dflash`): the runner's
+        draft pass (`draft_pass` below), then the selector's walk from `last_token`, the first
+        `sampled` slots drawn at the sampling's temperature, the rest argmax. Returns the drafts
+        (block - 1,) and, for rejection sampling, the drawn slots' distributions over the whole
+        vocabulary (sampled, vocab), the reference's `draft_indices` rule; or None. The walk
+        is tensors on the device: the step's one host sync stays the loop's."""
+        logits, states = runner.draft(features, last_token)  # (B - 1, vocab), (B - 1, hidden)
+        anchor = runner.block_ids[:, 0]  # (1,): `last_token`, already on the device
+        tokens, candidates, probs = self.candidate_selector.select(
+            states[None], logits[None], anchor, sampling.temperature, generator, sampled)
+        if probs is None:
+            return tokens[0], None
+        return tokens[0], over_the_vocabulary(candidates[0, :sampled], probs[0], logits.shape[-1])
+
     @classmethod
     def from_pretrained(cls, path, target: Qwen3 | None = None, device="cpu",
                         dtype: torch.dtype = torch.float32,
@@ -364,6 +388,24 @@ class DFlash2Drafter(Drafter):
             check_fits(config, target.config, str(path))
         return checkpoint.load_pretrained(cls, config, path, None, device, dtype,
                                           trainable=trainable)
+
+
+def draft_pass(target: Qwen3, drafter: DFlash2Drafter, cache: KVCache, features, block_ids, *,
+               reads=masked, context_positions, context_slots, block_positions):
+    """generate.py's draft pass for a DFlash2 drafter, shaped alike (so compiled alike): the
+    block [last token, MASK, ...] (1, block) embedded with the drafter's scale, its own mask (the
+    window), its scaled, capped head. Returns the logits (block - 1, vocab) and the states
+    (block - 1, hidden) of the slots after the anchor: the selector's walk needs both."""
+    hidden = drafter(features, drafter.embed_block(target, block_ids), context_positions,
+                     block_positions, cache=cache, context_slots=context_slots, reads=reads)
+    states = hidden[0, 1:]  # (block - 1, hidden)
+    return drafter.logits(states, target), states
+
+
+# A draft tree (dflash/tree.py) ranks each depth's candidates once, whatever the path above them;
+# the selector's scores depend on the token before, so its tree needs another builder.
+NO_TREES = ("draft trees (--tree) are not supported with a DFlash2 drafter: its selector ranks "
+            "a slot's candidates by the token before them, which the tree builder cannot follow")
 
 
 def load_drafter(path, target: Qwen3 | None = None, device="cpu",
