@@ -142,12 +142,19 @@ def check_sizes(config: DFlash2Config, source: str) -> None:
 
 
 def grouped_dynamic_convolve(x: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor,
-                             group_size: int) -> torch.Tensor:
+                             group_size: int, block_length: int | None = None) -> torch.Tensor:
     """Causal convolution along the block: out[t] = sum_o (base[o] + dynamic[t, o]) * x[t - o],
     slots before the block's first counting as zeros. `base` (taps, hidden) is a weight per
     channel, learnt; `dynamic` (batch, seq, taps, groups) is predicted from slot t itself, one
     weight per group of `group_size` channels, so the mixing adapts to what the slot holds at a
-    small cost. x (batch, seq, hidden) -> (batch, seq, hidden)."""
+    small cost. x (batch, seq, hidden) -> (batch, seq, hidden). With `block_length`, the
+    sequence is blocks of that many slots side by side (training's), each convolved alone."""
+    if block_length is not None and block_length < x.shape[1]:
+        blocks = x.shape[1] // block_length  # (b, K*L, ...) -> (b*K, L, ...): taps stay in a block
+        out = grouped_dynamic_convolve(x.reshape(-1, block_length, x.shape[-1]),
+                                       dynamic.reshape(-1, block_length, *dynamic.shape[2:]),
+                                       base, group_size)
+        return out.view(x.shape[0], blocks * block_length, x.shape[-1])
     batch, seq, hidden = x.shape
     taps, groups = base.shape[0], hidden // group_size
     x = x.view(batch, seq, groups, group_size)  # (b, seq, groups, group_size): channels by group
@@ -173,6 +180,7 @@ class GroupedDynamicCausalConv(nn.Module):
     def __init__(self, hidden_size: int, kernel_size: int, group_size: int):
         super().__init__()
         self.kernel_size, self.group_size = kernel_size, group_size
+        self.block_length: int | None = None  # set by the drafter: slots per block, in training
         groups = hidden_size // group_size
         self.base_kernel = nn.Parameter(torch.zeros(2, kernel_size, hidden_size))  # before, after
         self.kernel_projection = nn.Linear(hidden_size, 2 * kernel_size * groups, bias=False)
@@ -183,12 +191,22 @@ class GroupedDynamicCausalConv(nn.Module):
         # (b, seq, 2 * taps * groups) -> (b, seq, 2, taps, groups): before and after
         dynamic = self.kernel_projection(x).view(*x.shape[:-1], 2, self.kernel_size, groups)
         before = grouped_dynamic_convolve(x, dynamic[..., 0, :, :], self.base_kernel[0],
-                                          self.group_size)
+                                          self.group_size, self.block_length)
         return before, dynamic[..., 1, :, :]  # (b, seq, hidden), (b, seq, taps, groups)
 
     def finish(self, y: torch.Tensor, dynamic: torch.Tensor) -> torch.Tensor:
         """The sublayer's output (batch, seq, hidden), convolved with the kernel `prepare` made."""
-        return grouped_dynamic_convolve(y, dynamic, self.base_kernel[1], self.group_size)
+        return grouped_dynamic_convolve(y, dynamic, self.base_kernel[1], self.group_size,
+                                        self.block_length)
+
+    @torch.no_grad()
+    def start_as_identity(self) -> None:
+        """A new drafter's convolutions, before training: each slot passes itself through (the
+        current tap 1, the earlier ones and the predicted part 0), so the layer starts as a
+        DFlash layer and learns how much of its neighbours to mix in."""
+        self.base_kernel.zero_()
+        self.base_kernel[:, 0] = 1.0
+        self.kernel_projection.weight.zero_()
 
 
 class DFlash2Layer(DrafterLayer):
@@ -276,6 +294,28 @@ class CandidateSelector(nn.Module):
                 torch.stack(probs, dim=1) if probs else None)
 
 
+def selector_loss(selector: CandidateSelector, hidden: torch.Tensor, logits: torch.Tensor,
+                  predecessors: torch.Tensor, labels: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The selector's training loss at N labelled slots, teacher-forced: the walk reaches slot s
+    only when the drafts before it were right, so its predecessor is the true token before
+    (`predecessors` (N,); for slot 1, the anchor). The loss is the cross-entropy of the slot's
+    scores over its top-k candidates with the true token `labels` (N,); where the head's top-k
+    misses it, it replaces the last candidate in the loss only (SpecForge PR #772, speculators
+    PR #1006). hidden (N, hidden), logits (N, vocab): the drafter's. Returns the loss (N,) and
+    whether the walk would draft the true token from the real candidates (N,): its hits."""
+    unary, candidates = selector.candidates(logits)  # (N, k) each
+    present = (candidates == labels[:, None]).any(dim=-1)  # (N,)
+    gold_logit = logits.gather(-1, labels[:, None])  # (N, 1)
+    candidates = torch.where(present[:, None], candidates,
+                             torch.cat([candidates[:, :-1], labels[:, None]], dim=-1))
+    unary = torch.where(present[:, None], unary, torch.cat([unary[:, :-1], gold_logit], dim=-1))
+    gold = (candidates == labels[:, None]).int().argmax(dim=-1)  # (N,): its place among them
+    scores = selector.scores(selector.hidden_projection(hidden), unary, candidates, predecessors)
+    loss = F.cross_entropy(scores.float(), gold, reduction="none")  # (N,)
+    return loss, present & (scores.argmax(dim=-1) == gold)
+
+
 def over_the_vocabulary(candidates: torch.Tensor, probs: torch.Tensor,
                         vocab_size: int) -> torch.Tensor:
     """A sampled walk's distributions (..., k) over each slot's candidates (..., k), as
@@ -305,10 +345,15 @@ class DFlash2Drafter(Drafter):
                 context_positions: torch.Tensor, block_positions: torch.Tensor, *,
                 cache: KVCache | None = None, attend: Attend | None = None,
                 context_slots: torch.Tensor | None = None,
-                reads: Callable[[torch.Tensor], Attend] = masked) -> torch.Tensor:
+                reads: Callable[[torch.Tensor], Attend] = masked,
+                block_size: int | None = None) -> torch.Tensor:
         """As `Drafter.forward`; with a sliding window or causal layers, or over a fixed-shape
         cache, the default `attend` hides what they must not see, read by `reads` (SDPA, or the
-        loop's FlexAttention). A caller's own `attend` would not know of the window: refused."""
+        loop's FlexAttention). A caller's own `attend` would not know of the window: refused.
+        `block_size`: the blocks' length when several lie side by side (training), for the
+        convolutions, whose taps must not reach into the block before."""
+        for layer in self.layers:
+            layer.attention_conv.block_length = layer.mlp_conv.block_length = block_size
         windowed = self.config.sliding_window is not None or self.config.is_causal
         if windowed and attend is not None:
             raise ValueError("a DFlash2 drafter with a sliding window or causal layers "
@@ -358,6 +403,15 @@ class DFlash2Drafter(Drafter):
         B - 1, hidden): `CandidateSelector.select`'s tokens, candidates and probabilities."""
         logits = self.logits(hidden, target)
         return self.candidate_selector.select(hidden, logits, anchor_ids, temperature, generator)
+
+    def start_training(self) -> "DFlash2Drafter":
+        """A new drafter's starting point, after `training.init_weights`: identity convolutions
+        (`start_as_identity`); the selector's three factors stay small and random (all zero,
+        none of them would ever get a gradient)."""
+        for layer in self.layers:
+            layer.attention_conv.start_as_identity()
+            layer.mlp_conv.start_as_identity()
+        return self
 
     def draft_block(self, runner, features: torch.Tensor, last_token: int, sampling: Sampling,
                     sampled: int, generator: torch.Generator | None
