@@ -167,15 +167,19 @@ def dflash2_loss(target: Qwen3, drafter: DFlash2Drafter, hidden: torch.Tensor, l
                  predecessors: torch.Tensor, weights: torch.Tensor, chunk_size: int,
                  selector_weight: float) -> tuple[torch.Tensor, torch.Tensor]:
     """A DFlash2 drafter's loss at N labelled slots, sum_i w_i * (CE of its head (scaled, capped)
-    with label_i + selector_weight * the selector's CE over its candidates (`selector_loss`)),
+    with label_i + selector_weight * the selector's CE over its candidates (`selector_loss`), which
+    trains the selector's own weights only),
     and the selector's teacher-forced hits (N,): what its walk drafts right, given the drafts
     before were right. hidden (N, hidden); labels, predecessors, weights (N,). `chunk_size` slots
     at a time, each chunk's (n, vocab) logits recomputed in the backward, not kept; 0: at once."""
     def chunk(hidden, labels, predecessors, weights):
         logits = drafter.logits(hidden, target).float()  # (n, vocab)
         head = F.cross_entropy(logits, labels, reduction="none")  # (n,)
-        selector, hits = selector_loss(drafter.candidate_selector, hidden, logits, predecessors,
-                                       labels)
+        # The selector learns on top of the head, not through it: with a true token outside
+        # the top-k, its loss would repeat the head's, doubling that gradient (SpecForge PR
+        # #793's stop-gradient).
+        selector, hits = selector_loss(drafter.candidate_selector, hidden.detach(),
+                                       logits.detach(), predecessors, labels)
         return (weights * (head + selector_weight * selector)).sum(), hits
 
     if chunk_size <= 0:

@@ -450,3 +450,30 @@ def test_dflash2_training_refuses_what_it_does_not_do(capsys, tmp_path):
         err = capsys.readouterr().err
         assert code == 2 and err.startswith("error: ") and fragment in err, err
         assert not (tmp_path / "run").exists()
+
+
+def test_the_selector_loss_trains_the_selector_only():
+    """The backbone's gradient is the head's loss alone, whatever --selector-weight; the
+    selector's comes from its own loss."""
+    target = train.freeze(Qwen3.from_pretrained(TARGET))
+    drafter = training_drafter(block_size=4).train()
+    config = drafter.config
+    ids = torch.randint(0, 500, (1, 16), generator=torch.Generator().manual_seed(0))
+    batch = train.MicroBatch(ids, torch.tensor([[0] * 6 + [1] * 10]), torch.tensor([[6, 10]]),
+                             torch.tensor([[True, True]]))
+    features = train.target_features(target, ids, config)
+    grads = []
+    for weight in (0.0, 1.0):
+        drafter.zero_grad()
+        loss, correct, counted = train.drafter_loss(
+            target, drafter, features, batch, config=config, weights=train.slot_weights(4, 2.0),
+            selector_weight=weight, loss_chunk_size=4)
+        loss.backward()
+        grads.append({name: p.grad.clone() for name, p in drafter.named_parameters()
+                      if p.grad is not None})
+    assert counted.tolist() == [0, 2, 2, 2] and correct.shape == (4,)
+    for name, grad in grads[0].items():
+        if name.startswith("candidate_selector."):  # learns from its own loss only
+            assert not grad.any() and grads[1][name].any(), name
+        else:
+            torch.testing.assert_close(grads[1][name], grad)
