@@ -27,6 +27,8 @@ from dflash.drafter import Drafter
 from dflash.generate_options import WEIGHTS, build_parser, print_report, read_request  # noqa: F401
 from dflash.prompts import check_no_mask_token, check_request
 from dflash.qwen3 import Attend, KVCache, Qwen3, argmax, masked, tree_mask_over_cache
+from dflash import dflash2
+from dflash.dflash2 import DFlash2Drafter, load_drafter
 from dflash.results import Generation, OnToken, synchronize
 from dflash.sampling import GREEDY, Sampling, draw, keep_only, sample, sampled_slots, verdicts
 from dflash.tokenizer import Printer, stop_token_ids
@@ -95,7 +97,7 @@ def draft_pass(target: Qwen3, drafter: Drafter, cache: KVCache, features, block_
 
 
 PASSES = {"decode": decode_pass, "verify": verify_pass, "verify_tree": verify_tree_pass,
-          "draft": draft_pass}
+          "draft": draft_pass, "draft2": dflash2.draft_pass}
 
 
 # ---------------------------------------------------------------- the model runner
@@ -111,6 +113,8 @@ class ModelRunner:
                  block_size: int | None = None, tree_budget: int = 0, tree_top_k: int | None = None,
                  compile: bool = False, backend="inductor", mode: str | None = None,
                  flex_attention: bool = False, fixed_shape: bool = False):
+        if tree_budget and isinstance(drafter, DFlash2Drafter):
+            raise UsageError(dflash2.NO_TREES)
         self.target, self.drafter, self.max_length = target, drafter, max_length
         self.block_size = block = block_size or default_block_size(drafter)
         self.tree_budget = tree_budget  # drafted nodes per tree (0: chains only)
@@ -240,7 +244,8 @@ class ModelRunner:
             context_slots = context_positions + torch.where(offsets < rows, 0, len(offsets))
         self.block_ids[0, 0] = last_token
         self.block_ids[0, 1:] = self.mask_token_id
-        logits = self.run_pass("draft", cache, self.target, self.drafter, cache, features,
+        name = "draft2" if isinstance(self.drafter, DFlash2Drafter) else "draft"  # logits, states
+        logits = self.run_pass(name, cache, self.target, self.drafter, cache, features,
                                self.block_ids, context_positions=context_positions,
                                context_slots=context_slots, block_positions=offsets + start,
                                eager=not fixed)
@@ -420,7 +425,10 @@ def generate_dflash(target: Qwen3, drafter: Drafter, prompt_ids: Sequence[int],
     output = GenerationBuilder(max_new_tokens, stop_ids, on_token, runner.block_offsets.device)
     last, features = prefilled(runner, prompt_ids, output, sampling, generator, first_token_choices)
     while not output.done:
-        if sampled:  # (block - 1,) drafts, some drawn from the drafter's q (sampled, vocab)
+        if isinstance(drafter, DFlash2Drafter):  # the selector walks the block: dflash/dflash2.py
+            drafts, draft_probs = drafter.draft_block(runner, features, last, sampling, sampled,
+                                                      generator)
+        elif sampled:  # (block - 1,) drafts, some drawn from the drafter's q (sampled, vocab)
             drafts, draft_probs = runner.draft_sampled(features, last, sampling, sampled, generator)
         else:  # the drafter's likeliest
             drafts, draft_probs = argmax(runner.draft(features, last)), None
@@ -475,7 +483,7 @@ def generate_from_args(args) -> int:
     request = read_request(args)
     device, prompt_ids, tokenizer = request.device, request.prompt_ids, request.tokenizer
     target = Qwen3.from_pretrained(args.model, device=device, dtype=request.dtype)
-    drafter = None if args.no_draft else Drafter.from_pretrained(
+    drafter = None if args.no_draft else load_drafter(
         args.draft, target=target, device=device, dtype=request.dtype)
     stops = stop_token_ids(args.model, tokenizer)
     block_size = args.block_size or default_block_size(drafter)

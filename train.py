@@ -22,10 +22,12 @@ from typing import Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
 from dflash.cli import UsageError, refuse_overlap, run_cli
+from dflash.dflash2 import DFlash2Config, DFlash2Drafter, selector_loss
 from dflash.drafter import DrafterConfig
 from dflash.evaluation import evaluate
 from dflash.qwen3 import Qwen3, masked
@@ -38,8 +40,8 @@ from dflash.training import (  # noqa: F401 (batch_anchors, collate...: notebook
     LOG_FILE, RUN_OUTPUTS, Distributed, LogTally, MicroBatch, Signals, apply_gradients,
     batch_anchors, collate, distributed_run, freeze, full_state_dict, gradient_sync,
     heldout_batches, init_weights as init_drafter, keep_if_best, micro_batch, micro_batches,
-    owned_run_folder, sample_anchors, save_checkpoint, valid_anchor_positions, what_is_due,
-    write_log)
+    owned_run_folder, sample_anchors, save_checkpoint, unwrap, valid_anchor_positions,
+    what_is_due, write_log)
 
 IGNORE = -100  # cross_entropy's ignore_index: this slot has no label
 
@@ -122,10 +124,12 @@ def target_features(target: Qwen3, input_ids: torch.Tensor, config: DrafterConfi
 def drafter_loss(target: Qwen3, drafter: nn.Module, features: torch.Tensor, batch: MicroBatch, *,
                  config: DrafterConfig, weights: torch.Tensor,
                  weight_total: torch.Tensor | None = None, loss_chunk_size: int = 512,
-                 dense_attention: bool = False, target_hidden=None, distill_weight: float = 1.0):
+                 dense_attention: bool = False, target_hidden=None, distill_weight: float = 1.0,
+                 selector_weight: float = 1.0):
     """Weighted cross-entropy of every block slot (mixed, given `target_hidden`, with KL(target ||
     drafter) by `distill_weight`) over `weight_total` (default: their weight, a mean); (correct,
-    counted) per slot (B,) for the logs. `dense_attention`, `loss_chunk_size` 0: the dense ways."""
+    counted) per slot (B,) for the logs. `dense_attention`, `loss_chunk_size` 0: the dense ways.
+    A DFlash2 drafter adds its selector's loss by `selector_weight` (`dflash2_loss`)."""
     input_ids, loss_mask, anchors, real = batch
     block_size = config.block_size
     with torch.no_grad():
@@ -134,21 +138,60 @@ def drafter_loss(target: Qwen3, drafter: nn.Module, features: torch.Tensor, batc
     pattern = AnchoredBlocks(anchors, input_ids.shape[1], block_size)
     attend = masked(pattern.dense_mask()) if dense_attention else pattern.attend  # the same, twice
     context_positions = torch.arange(input_ids.shape[1], device=anchors.device)  # (S,)
+    dflash2 = isinstance(config, DFlash2Config)  # its blocks lie side by side: say how long
+    blocks = {"block_size": block_size} if dflash2 else {}
     hidden = drafter(features, block_embeddings, context_positions,
-                     block_positions(anchors, block_size), attend=attend)  # (batch, K*B, hidden)
+                     block_positions(anchors, block_size), attend=attend,
+                     **blocks)  # (batch, K*B, hidden)
     labels = block_labels(input_ids, loss_mask, anchors, real, block_size)  # (batch, K*B)
     scored = labels != IGNORE
     slot_weight = label_weights(labels, weights)[scored]  # (N,)
     total = slot_weight.sum() if weight_total is None else weight_total
     before = scored.nonzero()[:, 0], block_positions(anchors, block_size)[scored] - 1  # (N,) each
     teacher = None if target_hidden is None else target_hidden[before]  # x_p's: at p - 1, (N, h)
-    loss, hits = chunked_lm_head_loss(hidden[scored], target.head_weight, labels[scored],
-                                      slot_weight / total, loss_chunk_size,  # labelled slots only
-                                      teacher=teacher, distill_weight=distill_weight)
+    if dflash2:  # the token before each labelled slot: the selector's teacher-forced predecessor
+        loss, hits = dflash2_loss(target, unwrap(drafter), hidden[scored], labels[scored],
+                                  input_ids[before], slot_weight / total, loss_chunk_size,
+                                  selector_weight)
+    else:
+        loss, hits = chunked_lm_head_loss(hidden[scored], target.head_weight, labels[scored],
+                                          slot_weight / total, loss_chunk_size,  # labelled only
+                                          teacher=teacher, distill_weight=distill_weight)
     slots = torch.arange(labels.shape[1], device=labels.device) % block_size  # (K*B,)
     slots = slots.expand_as(labels)[scored]  # (N,)
     correct = torch.bincount(slots, weights=hits.float(), minlength=block_size)  # (B,)
     return loss, correct, torch.bincount(slots, minlength=block_size).float()
+
+
+def dflash2_loss(target: Qwen3, drafter: DFlash2Drafter, hidden: torch.Tensor, labels: torch.Tensor,
+                 predecessors: torch.Tensor, weights: torch.Tensor, chunk_size: int,
+                 selector_weight: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """A DFlash2 drafter's loss at N labelled slots, sum_i w_i * (CE of its head (scaled, capped)
+    with label_i + selector_weight * the selector's CE over its candidates (`selector_loss`), which
+    trains the selector's own weights only),
+    and the selector's teacher-forced hits (N,): what its walk drafts right, given the drafts
+    before were right. hidden (N, hidden); labels, predecessors, weights (N,). `chunk_size` slots
+    at a time, each chunk's (n, vocab) logits recomputed in the backward, not kept; 0: at once."""
+    def chunk(hidden, labels, predecessors, weights):
+        logits = drafter.logits(hidden, target).float()  # (n, vocab)
+        head = F.cross_entropy(logits, labels, reduction="none")  # (n,)
+        # The selector learns on top of the head, not through it: with a true token outside
+        # the top-k, its loss would repeat the head's, doubling that gradient (SpecForge PR
+        # #793's stop-gradient).
+        selector, hits = selector_loss(drafter.candidate_selector, hidden.detach(),
+                                       logits.detach(), predecessors, labels)
+        return (weights * (head + selector_weight * selector)).sum(), hits
+
+    if chunk_size <= 0:
+        return chunk(hidden, labels, predecessors, weights)
+    total, hits = torch.zeros((), device=hidden.device), []
+    for start in range(0, len(labels), chunk_size):
+        rows = slice(start, start + chunk_size)
+        loss, chunk_hits = torch.utils.checkpoint.checkpoint(
+            chunk, hidden[rows], labels[rows], predecessors[rows], weights[rows],
+            use_reentrant=False)
+        total, hits = total + loss, hits + [chunk_hits]
+    return total, torch.cat(hits) if hits else torch.zeros(0, dtype=torch.bool)
 
 
 # ------------------------------------------------------------------ the run
@@ -171,7 +214,8 @@ def batch_loss(run: TrainingRun, batch: MicroBatch, weight_total: torch.Tensor):
                             weights=run.slot_weights, weight_total=weight_total,
                             loss_chunk_size=cfg.loss_chunk_size,
                             dense_attention=cfg.dense_attention, target_hidden=last_hidden,
-                            distill_weight=cfg.distill_weight)
+                            distill_weight=cfg.distill_weight,
+                            selector_weight=cfg.selector_weight)
 
 
 @torch.no_grad()

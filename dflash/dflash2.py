@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -26,7 +27,7 @@ from dflash import checkpoint
 from dflash.checkpoint import POSITIVE_NUMBER, SIZE, CheckpointError, check_fields, is_number
 from dflash.drafter import Drafter, DrafterConfig, DrafterLayer, check_fits
 from dflash.qwen3 import Attend, KVCache, Qwen3, Rope, argmax, masked
-from dflash.sampling import draw, tempered_softmax
+from dflash.sampling import Sampling, draw, tempered_softmax
 
 ARCHITECTURE = "DFlash2DraftModel"  # `architectures` in a released DFlash2 `config.json`
 
@@ -141,12 +142,19 @@ def check_sizes(config: DFlash2Config, source: str) -> None:
 
 
 def grouped_dynamic_convolve(x: torch.Tensor, dynamic: torch.Tensor, base: torch.Tensor,
-                             group_size: int) -> torch.Tensor:
+                             group_size: int, block_length: int | None = None) -> torch.Tensor:
     """Causal convolution along the block: out[t] = sum_o (base[o] + dynamic[t, o]) * x[t - o],
     slots before the block's first counting as zeros. `base` (taps, hidden) is a weight per
     channel, learnt; `dynamic` (batch, seq, taps, groups) is predicted from slot t itself, one
     weight per group of `group_size` channels, so the mixing adapts to what the slot holds at a
-    small cost. x (batch, seq, hidden) -> (batch, seq, hidden)."""
+    small cost. x (batch, seq, hidden) -> (batch, seq, hidden). With `block_length`, the
+    sequence is blocks of that many slots side by side (training's), each convolved alone."""
+    if block_length is not None and block_length < x.shape[1]:
+        blocks = x.shape[1] // block_length  # (b, K*L, ...) -> (b*K, L, ...): taps stay in a block
+        out = grouped_dynamic_convolve(x.reshape(-1, block_length, x.shape[-1]),
+                                       dynamic.reshape(-1, block_length, *dynamic.shape[2:]),
+                                       base, group_size)
+        return out.view(x.shape[0], blocks * block_length, x.shape[-1])
     batch, seq, hidden = x.shape
     taps, groups = base.shape[0], hidden // group_size
     x = x.view(batch, seq, groups, group_size)  # (b, seq, groups, group_size): channels by group
@@ -172,6 +180,7 @@ class GroupedDynamicCausalConv(nn.Module):
     def __init__(self, hidden_size: int, kernel_size: int, group_size: int):
         super().__init__()
         self.kernel_size, self.group_size = kernel_size, group_size
+        self.block_length: int | None = None  # set by the drafter: slots per block, in training
         groups = hidden_size // group_size
         self.base_kernel = nn.Parameter(torch.zeros(2, kernel_size, hidden_size))  # before, after
         self.kernel_projection = nn.Linear(hidden_size, 2 * kernel_size * groups, bias=False)
@@ -182,12 +191,22 @@ class GroupedDynamicCausalConv(nn.Module):
         # (b, seq, 2 * taps * groups) -> (b, seq, 2, taps, groups): before and after
         dynamic = self.kernel_projection(x).view(*x.shape[:-1], 2, self.kernel_size, groups)
         before = grouped_dynamic_convolve(x, dynamic[..., 0, :, :], self.base_kernel[0],
-                                          self.group_size)
+                                          self.group_size, self.block_length)
         return before, dynamic[..., 1, :, :]  # (b, seq, hidden), (b, seq, taps, groups)
 
     def finish(self, y: torch.Tensor, dynamic: torch.Tensor) -> torch.Tensor:
         """The sublayer's output (batch, seq, hidden), convolved with the kernel `prepare` made."""
-        return grouped_dynamic_convolve(y, dynamic, self.base_kernel[1], self.group_size)
+        return grouped_dynamic_convolve(y, dynamic, self.base_kernel[1], self.group_size,
+                                        self.block_length)
+
+    @torch.no_grad()
+    def start_as_identity(self) -> None:
+        """A new drafter's convolutions, before training: each slot passes itself through (the
+        current tap 1, the earlier ones and the predicted part 0), so the layer starts as a
+        DFlash layer and learns how much of its neighbours to mix in."""
+        self.base_kernel.zero_()
+        self.base_kernel[:, 0] = 1.0
+        self.kernel_projection.weight.zero_()
 
 
 class DFlash2Layer(DrafterLayer):
@@ -250,18 +269,21 @@ class CandidateSelector(nn.Module):
         return unary + pair  # (batch, k)
 
     def select(self, hidden: torch.Tensor, logits: torch.Tensor, anchor_ids: torch.Tensor,
-               temperature: float, generator: torch.Generator | None = None):
+               temperature: float, generator: torch.Generator | None = None,
+               sampled: int | None = None):
         """Walk the slots from `anchor_ids` (batch,), the last committed tokens: hidden (batch,
-        slots, hidden), logits (batch, slots, vocab). Returns the tokens (batch, slots), the
-        candidates (batch, slots, k) and, sampled, the probabilities each was drawn with
-        (batch, slots, k; float64); greedy (temperature 0), argmax and None."""
+        slots, hidden), logits (batch, slots, vocab). Above temperature 0 the first `sampled`
+        slots (default: all) are drawn, the rest argmax. Returns the tokens (batch, slots), the
+        candidates (batch, slots, k) and the probabilities each drawn slot was drawn with (batch,
+        sampled, k; float64), or None when none was. All on the device: no host sync."""
         unary, candidates = self.candidates(logits)
         projected = self.hidden_projection(hidden)  # (batch, slots, rank)
+        drawn = 0 if temperature <= 0 else hidden.shape[1] if sampled is None else sampled
         predecessor, path, probs = anchor_ids, [], []
         for slot in range(hidden.shape[1]):
             scores = self.scores(projected[:, slot], unary[:, slot], candidates[:, slot],
                                  predecessor)
-            if temperature > 0:
+            if slot < drawn:
                 probs.append(tempered_softmax(scores, temperature))  # (batch, k)
                 index = draw(probs[-1], generator)
             else:
@@ -270,6 +292,28 @@ class CandidateSelector(nn.Module):
             path.append(predecessor)
         return (torch.stack(path, dim=1), candidates,
                 torch.stack(probs, dim=1) if probs else None)
+
+
+def selector_loss(selector: CandidateSelector, hidden: torch.Tensor, logits: torch.Tensor,
+                  predecessors: torch.Tensor, labels: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The selector's training loss at N labelled slots, teacher-forced: the walk reaches slot s
+    only when the drafts before it were right, so its predecessor is the true token before
+    (`predecessors` (N,); for slot 1, the anchor). The loss is the cross-entropy of the slot's
+    scores over its top-k candidates with the true token `labels` (N,); where the head's top-k
+    misses it, it replaces the last candidate in the loss only (SpecForge PR #772, speculators
+    PR #1006). hidden (N, hidden), logits (N, vocab): the drafter's. Returns the loss (N,) and
+    whether the walk would draft the true token from the real candidates (N,): its hits."""
+    unary, candidates = selector.candidates(logits)  # (N, k) each
+    present = (candidates == labels[:, None]).any(dim=-1)  # (N,)
+    gold_logit = logits.gather(-1, labels[:, None])  # (N, 1)
+    candidates = torch.where(present[:, None], candidates,
+                             torch.cat([candidates[:, :-1], labels[:, None]], dim=-1))
+    unary = torch.where(present[:, None], unary, torch.cat([unary[:, :-1], gold_logit], dim=-1))
+    gold = (candidates == labels[:, None]).int().argmax(dim=-1)  # (N,): its place among them
+    scores = selector.scores(selector.hidden_projection(hidden), unary, candidates, predecessors)
+    loss = F.cross_entropy(scores.float(), gold, reduction="none")  # (N,)
+    return loss, present & (scores.argmax(dim=-1) == gold)
 
 
 def over_the_vocabulary(candidates: torch.Tensor, probs: torch.Tensor,
@@ -300,14 +344,22 @@ class DFlash2Drafter(Drafter):
     def forward(self, features: torch.Tensor, block_embeddings: torch.Tensor,
                 context_positions: torch.Tensor, block_positions: torch.Tensor, *,
                 cache: KVCache | None = None, attend: Attend | None = None,
-                context_slots: torch.Tensor | None = None) -> torch.Tensor:
-        """As `Drafter.forward`; with a sliding window or causal layers, the default `attend`
-        hides what they must not see. A caller's own `attend` would not know of them: refused."""
-        if self.config.sliding_window is not None or self.config.is_causal:
-            if attend is not None:
-                raise ValueError("a DFlash2 drafter with a sliding window or causal layers "
-                                 "builds its own attention mask; pass attend=None")
-            attend = masked(self.visible_keys(context_positions, block_positions, cache))
+                context_slots: torch.Tensor | None = None,
+                reads: Callable[[torch.Tensor], Attend] = masked,
+                block_size: int | None = None) -> torch.Tensor:
+        """As `Drafter.forward`; with a sliding window or causal layers, or over a fixed-shape
+        cache, the default `attend` hides what they must not see, read by `reads` (SDPA, or the
+        loop's FlexAttention). A caller's own `attend` would not know of the window: refused.
+        `block_size`: the blocks' length when several lie side by side (training), for the
+        convolutions, whose taps must not reach into the block before."""
+        for layer in self.layers:
+            layer.attention_conv.block_length = layer.mlp_conv.block_length = block_size
+        windowed = self.config.sliding_window is not None or self.config.is_causal
+        if windowed and attend is not None:
+            raise ValueError("a DFlash2 drafter with a sliding window or causal layers "
+                             "builds its own attention mask; pass attend=None")
+        if attend is None and (windowed or cache is not None):  # a cache: read to keys_to_read
+            attend = reads(self.visible_keys(context_positions, block_positions, cache))
         return super().forward(features, block_embeddings, context_positions, block_positions,
                                cache=cache, attend=attend, context_slots=context_slots)
 
@@ -352,6 +404,32 @@ class DFlash2Drafter(Drafter):
         logits = self.logits(hidden, target)
         return self.candidate_selector.select(hidden, logits, anchor_ids, temperature, generator)
 
+    def start_training(self) -> "DFlash2Drafter":
+        """A new drafter's starting point, after `training.init_weights`: identity convolutions
+        (`start_as_identity`); the selector's three factors stay small and random (all zero,
+        none of them would ever get a gradient)."""
+        for layer in self.layers:
+            layer.attention_conv.start_as_identity()
+            layer.mlp_conv.start_as_identity()
+        return self
+
+    def draft_block(self, runner, features: torch.Tensor, last_token: int, sampling: Sampling,
+                    sampled: int, generator: torch.Generator | None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The speculative loop's draft step (generate.py's `generate_dflash`): the runner's
+        draft pass (`draft_pass` below), then the selector's walk from `last_token`, the first
+        `sampled` slots drawn at the sampling's temperature, the rest argmax. Returns the drafts
+        (block - 1,) and, for rejection sampling, the drawn slots' distributions over the whole
+        vocabulary (sampled, vocab), the reference's `draft_indices` rule; or None. The walk
+        is tensors on the device: the step's one host sync stays the loop's."""
+        logits, states = runner.draft(features, last_token)  # (B - 1, vocab), (B - 1, hidden)
+        anchor = runner.block_ids[:, 0]  # (1,): `last_token`, already on the device
+        tokens, candidates, probs = self.candidate_selector.select(
+            states[None], logits[None], anchor, sampling.temperature, generator, sampled)
+        if probs is None:
+            return tokens[0], None
+        return tokens[0], over_the_vocabulary(candidates[0, :sampled], probs[0], logits.shape[-1])
+
     @classmethod
     def from_pretrained(cls, path, target: Qwen3 | None = None, device="cpu",
                         dtype: torch.dtype = torch.float32,
@@ -364,6 +442,25 @@ class DFlash2Drafter(Drafter):
             check_fits(config, target.config, str(path))
         return checkpoint.load_pretrained(cls, config, path, None, device, dtype,
                                           trainable=trainable)
+
+
+def draft_pass(target: Qwen3, drafter: DFlash2Drafter, cache: KVCache, features, block_ids, *,
+               reads=None, context_positions, context_slots, block_positions):
+    """generate.py's draft pass for a DFlash2 drafter, shaped alike (so compiled alike): the
+    block [last token, MASK, ...] (1, block) embedded with the drafter's scale, its own mask (the
+    window), its scaled, capped head. Returns the logits (block - 1, vocab) and the states
+    (block - 1, hidden) of the slots after the anchor: the selector's walk needs both."""
+    under = masked if reads is None else reads.under  # the runner's reads: SDPA or FlexAttention
+    hidden = drafter(features, drafter.embed_block(target, block_ids), context_positions,
+                     block_positions, cache=cache, context_slots=context_slots, reads=under)
+    states = hidden[0, 1:]  # (block - 1, hidden)
+    return drafter.logits(states, target), states
+
+
+# A draft tree (dflash/tree.py) ranks each depth's candidates once, whatever the path above them;
+# the selector's scores depend on the token before, so its tree needs another builder.
+NO_TREES = ("draft trees (--tree) are not supported with a DFlash2 drafter: its selector ranks "
+            "a slot's candidates by the token before them, which the tree builder cannot follow")
 
 
 def load_drafter(path, target: Qwen3 | None = None, device="cpu",

@@ -13,6 +13,7 @@ import torch
 from dflash.cli import (HelpWithDefaults, OneLineErrors, UsageError, add_device_options, checked,
                         int_list, positive, positive_int)
 from dflash.data import CUTS
+from dflash.dflash2 import DFlash2Config, DFlash2Drafter, load_drafter
 from dflash.drafter import Drafter, DrafterConfig, check_fits, default_target_layer_ids
 from dflash.kept_checkpoints import training_states
 from dflash.prompts import PROMPT_FORMAT
@@ -20,6 +21,7 @@ from dflash.qwen3 import Qwen3, Qwen3Config
 from dflash.training import STATE_FILE, init_weights, memory_of
 
 DEFAULT_DRAFTER_LAYERS, DEFAULT_BLOCK_SIZE = 5, 16  # a new drafter's; --init-from: the drafter's
+ARCHITECTURES = ("dflash", "dflash2")
 # What --resume may change: when to stop, what to log and evaluate, where to run, where the folder
 # and the data now are (the data's contents are compared), how the global batch is shared out
 # (its size is compared). The rest must be as saved.
@@ -38,6 +40,7 @@ class TrainConfig:
     out: str = ""  # the run's folder
     tokenizer: str | None = None
     init_from: str | None = None  # a trained drafter to fine-tune
+    arch: str = "dflash"  # or "dflash2": convolutions and the candidate selector (dflash2.py)
     # the drafter's shape; None: the --init-from drafter's, else the defaults or the target's
     drafter_layers: int | None = None
     block_size: int | None = None
@@ -59,6 +62,7 @@ class TrainConfig:
     grad_clip: float = 1.0
     gamma: float | None = None
     distill_weight: float = 0.0  # 0: the target's tokens (hard labels); 1: its distributions
+    selector_weight: float = 1.0  # dflash2: the selector's loss, beside the head's
     epochs: int = 6
     steps: int | None = None
     seed: int = 0
@@ -135,7 +139,33 @@ def build_drafter_config(cfg: TrainConfig, target: Qwen3Config, tokenizer) -> Dr
     config = DrafterConfig(layers, cfg.block_size or DEFAULT_BLOCK_SIZE, target.num_hidden_layers,
                            mask_token_id, list(layer_ids))
     check_fits(config, target, "drafter")
-    return config
+    return dflash2_config(config) if cfg.arch == "dflash2" else config
+
+
+def dflash2_config(config: DrafterConfig) -> DFlash2Config:
+    """A new DFlash2 drafter's extra fields: the released drafter's two taps, groups of 16
+    channels (or fewer, to divide the width), top-16 candidates and a selector rank of at most
+    256. The head is the target's as is (multiplier 1, no cap) and every layer attends to the
+    whole context (no window), so the training code's block mask holds."""
+    hidden, vocab = config.layers.hidden_size, config.layers.vocab_size
+    group = next(size for size in (16, 8, 4, 2, 1) if hidden % size == 0)
+    return DFlash2Config(**vars(config), conv_kernel_size=2, conv_group_size=group,
+                         selector_rank=min(256, hidden), selector_top_k=min(16, vocab))
+
+
+def check_arch(cfg: TrainConfig) -> None:
+    """Refuse what the DFlash2 recipe does not do yet, in one line, before anything is loaded."""
+    if cfg.arch not in ARCHITECTURES:
+        raise UsageError(f"--arch must be one of {', '.join(ARCHITECTURES)}, got {cfg.arch!r}")
+    if cfg.arch != "dflash2":
+        return
+    if cfg.distill_weight:
+        raise UsageError("--distill-weight is not supported with --arch dflash2 (the selector "
+                         "trains on the data's tokens)")
+    if cfg.eval_prompts:
+        raise UsageError("--eval-prompts is not supported with --arch dflash2 (it measures the "
+                         "head's argmax, not the selector's walk); measure with generate.py or "
+                         "bench.py after training")
 
 
 def shape_of(config: DrafterConfig) -> dict:
@@ -167,9 +197,16 @@ def starting_drafter(cfg: TrainConfig, target: Qwen3, tokenizer) -> Drafter:
     """A new drafter drawn at random, or, with --init-from, a trained one to fine-tune (in float32,
     trainable): its shape is then the run's, so one made for another target, or an option that
     would reshape it, is refused."""
+    check_arch(cfg)
     if not cfg.init_from:
-        return init_weights(Drafter(build_drafter_config(cfg, target.config, tokenizer)), cfg.seed)
-    drafter = Drafter.from_pretrained(cfg.init_from, target, trainable=True)  # fits the target
+        config = build_drafter_config(cfg, target.config, tokenizer)
+        if isinstance(config, DFlash2Config):
+            return init_weights(DFlash2Drafter(config), cfg.seed).start_training()
+        return init_weights(Drafter(config), cfg.seed)
+    drafter = load_drafter(cfg.init_from, target, trainable=True)  # fits the target
+    if isinstance(drafter, DFlash2Drafter) != (cfg.arch == "dflash2"):
+        raise UsageError(f"--init-from {cfg.init_from} is a {type(drafter).__name__}, not what "
+                         f"--arch {cfg.arch} trains")
     for name, weight in drafter.named_parameters():  # else the first step fails, far from here
         if not torch.isfinite(weight).all():
             raise UsageError(f"--init-from {cfg.init_from}: the weight {name} holds NaN or "
@@ -232,6 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--init-from", help="fine-tune this trained drafter (ours or the authors' layout) "
         "instead of drawing a new one: its shape (layers, block size, target layers, mask token) "
         "is the run's")
+    add("--arch", choices=ARCHITECTURES, help="the drafter: DFlash, or DFlash2 (convolutions "
+        "around each sublayer and a candidate selector, trained by its own loss too)")
     add("--drafter-layers", type=positive_int,
         help=f"decoder layers of the drafter (default: {DEFAULT_DRAFTER_LAYERS})")
     add("--block-size", type=checked(int, "at least 2", lambda x: x >= 2),
@@ -269,6 +308,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="0: cross-entropy with the data's tokens (hard labels); 1: distillation, KL(target "
              "|| drafter) with the target's own distribution at each slot (the whole target "
              "runs); between: a mix of the two")
+    add("--selector-weight", type=checked(float, "0 or more", lambda x: x >= 0),
+        help="--arch dflash2: the weight of the selector's loss beside the head's")
     add("--epochs", type=positive_int, help="passes over the data")
     add("--steps", type=positive_int, help="train this many steps (overrides --epochs)")
     add("--seed", type=seed_value, help="seeds the drafter's initialisation, the data order and "

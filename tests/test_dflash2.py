@@ -5,6 +5,7 @@ Tolerance: float32 on both sides, the reference's numbers differ from ours by at
 """
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,12 +13,17 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import make_data
+import train
 from dflash.checkpoint import CheckpointError
-from dflash.dflash2 import (DFlash2Config, DFlash2Drafter, GroupedDynamicCausalConv,
-                            grouped_dynamic_convolve, load_drafter, over_the_vocabulary)
+from dflash.dflash2 import (CandidateSelector, DFlash2Config, DFlash2Drafter,
+                            GroupedDynamicCausalConv, grouped_dynamic_convolve, load_drafter,
+                            over_the_vocabulary, selector_loss)
 from dflash.drafter import Drafter
 from dflash.qwen3 import KVCache, Qwen3
 from dflash.sampling import tempered_softmax, verdicts
+from dflash.train_kernels import AnchoredBlocks
+from generate import generate_autoregressive, generate_dflash
 from tests.test_line_width import wide_lines
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -336,3 +342,138 @@ def test_lines_fit_in_100_columns():
     root = Path(__file__).resolve().parents[1]
     assert wide_lines(root / "dflash" / "dflash2.py") == []
     assert wide_lines(root / "tests" / "test_dflash2.py") == []
+    for name in ("train.py", "dflash/train_config.py"):
+        assert wide_lines(root / name) == []
+
+
+# ------------------------------------------------------------------------------- training
+
+
+def training_drafter(block_size: int = 4) -> DFlash2Drafter:
+    """A new DFlash2 drafter for the tiny target, as `train.py --arch dflash2` starts one, its
+    convolutions then made non-trivial so that a leak between blocks would show."""
+    target = Qwen3.from_pretrained(TARGET)
+    cfg = train.TrainConfig(arch="dflash2", drafter_layers=1, block_size=block_size)
+    config = train.build_drafter_config(cfg, target.config, None)
+    drafter = train.init_drafter(DFlash2Drafter(config), 0).start_training()
+    with torch.no_grad():
+        for layer in drafter.layers:
+            for conv in (layer.attention_conv, layer.mlp_conv):
+                torch.nn.init.normal_(conv.base_kernel, std=0.5)
+                torch.nn.init.normal_(conv.kernel_projection.weight, std=0.1)
+    return drafter.eval()
+
+
+@torch.no_grad()
+def test_a_new_drafter_starts_with_identity_convolutions():
+    conv = GroupedDynamicCausalConv(hidden_size=16, kernel_size=2, group_size=4)
+    conv.start_as_identity()
+    x = torch.randn(2, 5, 16)
+    before, kernel = conv.prepare(x)
+    assert torch.equal(before, x) and torch.equal(conv.finish(x, kernel), x)
+
+
+@torch.no_grad()
+def test_training_forward_matches_the_inference_draft_block_by_block():
+    """Blocks side by side in one forward (training's) each compute what the loop's cached draft
+    computes: the convolution's taps stop at each block's start, the masks are training's."""
+    torch.manual_seed(1)
+    drafter = training_drafter(block_size=4)
+    width = len(drafter.config.target_layer_ids) * 64
+    features, embeddings = torch.randn(1, 12, width), torch.randn(1, 8, 64)
+    anchors = torch.tensor([[5, 9]])  # blocks at 5..8 and 9..12: adjacent, so a leak would show
+    pattern = AnchoredBlocks(anchors, features.shape[1], 4, blocks_per_chunk=1)
+    together = drafter(features, embeddings, torch.arange(12), train.block_positions(anchors, 4),
+                       attend=pattern.attend, block_size=4)
+    for j, a in enumerate(anchors[0].tolist()):
+        cache = KVCache.for_layers(drafter.config.layers, drafter.fc.weight, 16)
+        alone = drafter(features[:, :a], embeddings[:, 4 * j:4 * j + 4], torch.arange(a),
+                        torch.arange(a, a + 4), cache=cache)
+        torch.testing.assert_close(together[:, 4 * j:4 * j + 4], alone, atol=1e-5, rtol=1e-5)
+    leaky = drafter(features, embeddings, torch.arange(12), train.block_positions(anchors, 4),
+                    attend=pattern.attend)  # without block_size the taps cross into block 1
+    assert not torch.allclose(leaky[:, 4], together[:, 4], atol=1e-3)
+
+
+def test_the_selector_loss_adds_a_missing_true_token_and_counts_only_real_hits():
+    selector = CandidateSelector(vocab_size=10, hidden_size=4, rank=3, top_k=3)
+    torch.nn.init.normal_(selector.predecessor_codebook)
+    torch.nn.init.normal_(selector.successor_codebook)
+    logits = torch.tensor([[5.0, 4, 3, 2, 1, 0, 0, 0, 0, 0]] * 2, requires_grad=True)
+    hidden = torch.zeros(2, 4)  # no pair term: the scores are the logits
+    labels, predecessors = torch.tensor([0, 4]), torch.tensor([1, 2])
+    loss, hits = selector_loss(selector, hidden, logits, predecessors, labels)
+    assert hits.tolist() == [True, False]  # token 4 is not among the top 3: never drafted
+    # Row 1's loss is over [5, 4, logit of 4 = 1], the true token last.
+    expected = -torch.log_softmax(torch.tensor([5.0, 4.0, 1.0]), 0)[2]
+    assert torch.allclose(loss[1], expected)
+    hidden = torch.randn(2, 4, requires_grad=True)
+    loss, _ = selector_loss(selector, hidden, logits, predecessors, labels)
+    loss.sum().backward()
+    assert selector.successor_codebook.grad[4].abs().sum() > 0  # the injected token learns
+    assert selector.predecessor_codebook.grad[2].abs().sum() > 0
+    assert hidden.grad.abs().sum() > 0 and logits.grad.abs().sum() > 0
+
+
+def test_train_py_trains_a_dflash2_drafter_that_the_loop_serves(tmp_path):
+    """A few steps of `train.py --arch dflash2` on the tiny target's own answers: the loss is
+    finite, the saved folder is the released DFlash2 layout, and greedy decoding with it is
+    the plain loop's."""
+    prompts = tmp_path / "prompts.jsonl"
+    generator = torch.Generator().manual_seed(0)
+    prompts.write_text("".join(json.dumps({"prompt_ids": torch.randint(
+        0, 500, (6,), generator=generator).tolist()}) + "\n" for _ in range(8)))
+    assert make_data.main(["--target", str(TARGET), "--prompts", str(prompts), "--out",
+                           str(tmp_path / "data.jsonl"), "--max-new-tokens", "16",
+                           "--device", "cpu"]) == 0
+    out = tmp_path / "run"
+    assert train.main(["--target", str(TARGET), "--data", str(tmp_path / "data.jsonl"), "--out",
+                       str(out), "--arch", "dflash2", "--drafter-layers", "1", "--block-size",
+                       "4", "--num-anchors", "4", "--batch-size", "4", "--steps", "3",
+                       "--log-every", "1", "--loss-chunk-size", "5", "--device", "cpu"]) == 0
+    log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+    assert len(log) == 3 and all(math.isfinite(line["loss"]) for line in log)
+    target = Qwen3.from_pretrained(TARGET)
+    drafter = load_drafter(out, target)
+    assert type(drafter) is DFlash2Drafter
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["DFlash2DraftModel"]
+    prompt = [115, 392, 221, 286, 283]
+    assert (generate_dflash(target, drafter, prompt, 12).new_ids
+            == generate_autoregressive(target, prompt, 12).new_ids)
+
+
+def test_dflash2_training_refuses_what_it_does_not_do(capsys, tmp_path):
+    for extra, fragment in ((["--distill-weight", "0.5"], "--distill-weight is not supported"),
+                            (["--eval-prompts", "x.jsonl"], "--eval-prompts is not supported")):
+        code = train.main(["--target", str(TARGET), "--data", str(tmp_path / "none.jsonl"),
+                           "--out", str(tmp_path / "run"), "--arch", "dflash2", *extra])
+        err = capsys.readouterr().err
+        assert code == 2 and err.startswith("error: ") and fragment in err, err
+        assert not (tmp_path / "run").exists()
+
+
+def test_the_selector_loss_trains_the_selector_only():
+    """The backbone's gradient is the head's loss alone, whatever --selector-weight; the
+    selector's comes from its own loss."""
+    target = train.freeze(Qwen3.from_pretrained(TARGET))
+    drafter = training_drafter(block_size=4).train()
+    config = drafter.config
+    ids = torch.randint(0, 500, (1, 16), generator=torch.Generator().manual_seed(0))
+    batch = train.MicroBatch(ids, torch.tensor([[0] * 6 + [1] * 10]), torch.tensor([[6, 10]]),
+                             torch.tensor([[True, True]]))
+    features = train.target_features(target, ids, config)
+    grads = []
+    for weight in (0.0, 1.0):
+        drafter.zero_grad()
+        loss, correct, counted = train.drafter_loss(
+            target, drafter, features, batch, config=config, weights=train.slot_weights(4, 2.0),
+            selector_weight=weight, loss_chunk_size=4)
+        loss.backward()
+        grads.append({name: p.grad.clone() for name, p in drafter.named_parameters()
+                      if p.grad is not None})
+    assert counted.tolist() == [0, 2, 2, 2] and correct.shape == (4,)
+    for name, grad in grads[0].items():
+        if name.startswith("candidate_selector."):  # learns from its own loss only
+            assert not grad.any() and grads[1][name].any(), name
+        else:
+            torch.testing.assert_close(grads[1][name], grad)
