@@ -151,8 +151,8 @@ def drafter_loss(target: Qwen3, drafter: nn.Module, features: torch.Tensor, batc
     teacher = None if target_hidden is None else target_hidden[before]  # x_p's: at p - 1, (N, h)
     if dflash2:  # the token before each labelled slot: the selector's teacher-forced predecessor
         loss, hits = dflash2_loss(target, unwrap(drafter), hidden[scored], labels[scored],
-                                  input_ids[before], slot_weight / total, loss_chunk_size,
-                                  selector_weight)
+                                  input_ids[before], slot_weight / total,
+                                  chunk_size=loss_chunk_size, selector_weight=selector_weight)
     else:
         loss, hits = chunked_lm_head_loss(hidden[scored], target.head_weight, labels[scored],
                                           slot_weight / total, loss_chunk_size,  # labelled only
@@ -164,7 +164,7 @@ def drafter_loss(target: Qwen3, drafter: nn.Module, features: torch.Tensor, batc
 
 
 def dflash2_loss(target: Qwen3, drafter: DFlash2Drafter, hidden: torch.Tensor, labels: torch.Tensor,
-                 predecessors: torch.Tensor, weights: torch.Tensor, chunk_size: int,
+                 predecessors: torch.Tensor, weights: torch.Tensor, *, chunk_size: int,
                  selector_weight: float) -> tuple[torch.Tensor, torch.Tensor]:
     """A DFlash2 drafter's loss at N labelled slots, sum_i w_i * (CE of its head (scaled, capped)
     with label_i + selector_weight * the selector's CE over its candidates (`selector_loss`), which
