@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from dflash.checkpoint import total_memory
 from dflash.cli import (HelpWithDefaults, OneLineErrors, UsageError, add_device_options, checked,
                         int_list, positive, positive_int)
 from dflash.data import CUTS
@@ -18,7 +19,7 @@ from dflash.drafter import Drafter, DrafterConfig, check_fits, default_target_la
 from dflash.kept_checkpoints import training_states
 from dflash.prompts import PROMPT_FORMAT
 from dflash.qwen3 import Qwen3, Qwen3Config
-from dflash.training import STATE_FILE, init_weights, memory_of
+from dflash.training import STATE_FILE, init_weights
 
 DEFAULT_DRAFTER_LAYERS, DEFAULT_BLOCK_SIZE = 5, 16  # a new drafter's; --init-from: the drafter's
 ARCHITECTURES = ("dflash", "dflash2")
@@ -184,8 +185,8 @@ def check_drafter_size(layers: Qwen3Config, features: int) -> None:
                         layers.head_dim)
     per_layer = 2 * h * heads * hd + 2 * h * kv * hd + 3 * h * layers.intermediate_size
     parameters = layers.num_hidden_layers * per_layer + features * h * h  # and `fc`
-    needed, available = 16 * parameters, memory_of(torch.device("cpu"))
-    if needed > available:
+    needed, available = 16 * parameters, total_memory(torch.device("cpu"))
+    if available is not None and needed > available:  # None: the machine cannot tell
         raise UsageError(f"a drafter of {layers.num_hidden_layers} layers (--drafter-layers), "
                          f"{heads} heads of {hd} (--num-heads, --head-dim) and an MLP of "
                          f"{layers.intermediate_size} (--intermediate-size) has {parameters:.3g} "
@@ -239,8 +240,8 @@ def check_sizes(cfg: TrainConfig, config: DrafterConfig, target: Qwen3Config, se
     if cfg.batch_size * cfg.grad_accum > len(sequences.starts):
         raise UsageError(f"--batch-size {cfg.batch_size} x --grad-accum {cfg.grad_accum} "
                          f"sequences a step: more than the data's {len(sequences.starts)}")
-    needed, available = cfg.batch_size * per_sequence, memory_of(device)
-    if needed > available:
+    needed, available = cfg.batch_size * per_sequence, total_memory(device)
+    if available is not None and needed > available:
         raise UsageError(f"{named} {config.block_size} with --num-anchors {cfg.num_anchors}, "
                          f"--batch-size {cfg.batch_size} and sequences of {longest} tokens: one "
                          f"step would need about {needed / 2**30:.0f} GiB, more than the "

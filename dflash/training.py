@@ -288,16 +288,6 @@ def cosine_with_warmup(step: int, total_steps: int, warmup: float) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
-def memory_of(device: torch.device) -> int:
-    """Bytes of memory on `device`: the GPU's, or the machine's physical memory."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):  # no sysconf (Windows): no bound from here
-        return 2**63
-
-
 # ------------------------------------------------ the run's folder: checkpoints, exact resume, the lock
 
 
