@@ -17,7 +17,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 
 from dflash.checkpoint import write_atomically
-from dflash.cli import UsageError, check_output, refuse_overlap
+from dflash.cli import check_output, refuse_overlap
 
 
 def peak_memory(device: torch.device) -> int | None:

@@ -25,7 +25,7 @@ import drafter_check
 import make_data
 import pass_costs
 from dflash import block_choice, checkpoint
-from dflash.cli import refuse_overlap
+from dflash.cli import UsageError, refuse_overlap
 from tests.snapshots import assert_untouched, tree_bytes
 from tests.test_walk_options import FIELD_VALUES
 
@@ -374,7 +374,7 @@ def test_refuse_overlap_by_hand(tmp_path):
     inputs = {"--model": tmp_path / "model", "--prompts": tmp_path / "p.jsonl", "--x": None}
     for out, relation in ((tmp_path / "p.jsonl", "is"), (tmp_path / "model" / "a", "lies inside"),
                           (tmp_path, "holds")):
-        with pytest.raises(bench_common.UsageError, match=relation):
+        with pytest.raises(UsageError, match=relation):
             refuse_overlap({"--json": out}, inputs)
     refuse_overlap({"--json": tmp_path / "model-report.json"}, inputs)  # apart
 
